@@ -1,0 +1,150 @@
+// Command-line flags of the trainers. train_mhar.c and train_mhar.cu take the
+// same flags, parsed here; README.md lists them all.
+#pragma once
+#include "config.h"
+
+typedef struct {
+    Config cfg;              // model shape and residual mode
+    const char *train_glob;  // -i  train shards
+    const char *val_glob;    // -j  val shards ("" = no validation)
+    const char *tokenizer;   // -tok tokenizer file for decoding samples ("" = print ids)
+    const char *out_dir;     // -o  directory for log.txt and checkpoints ("" = none)
+    const char *resume;      // -resume checkpoint to continue from ("" = fresh start)
+    int B;                   // -b  micro-batch size (sequences)
+    long total_batch;        // -d  tokens per optimizer step (gradient accumulation)
+    int steps;               // -n  optimizer steps
+    float lr;                // -lr peak learning rate
+    int warmup;              // -warmup linear warmup steps
+    float lr_min_frac;       // -lr_min cosine floor as a fraction of the peak
+    float wd;                // -wd AdamW weight decay
+    float beta1, beta2, eps; // -beta1 -beta2 -eps AdamW
+    float clip;              // -clip global gradient-norm clip (0 = off)
+    int val_every;           // -val_every steps between val losses (0 = never)
+    int val_batches;         // -val_batches micro-batches per val loss
+    int sample_every;        // -sample_every steps between samples (0 = never)
+    int sample_len;          // -sample_len tokens per sample
+    int ckpt_every;          // -ckpt_every steps between checkpoints (0 = only at the end)
+    unsigned long long seed; // -seed parameter init and sampling seed
+    float init_std;          // -init_std std of matrix init
+} TrainArgs;
+
+static void args_defaults(TrainArgs *a) {
+    memset(a, 0, sizeof(*a));
+    Config *c = &a->cfg;
+    c->V = 50257;
+    config_apply_preset(c, "tiny");
+    c->mode = RES_MHAR; c->H = 4; c->S = 1;
+    a->train_glob = "data/tiny/*_train_*.bin";
+    a->val_glob = "data/tiny/*_val_*.bin";
+    a->tokenizer = "";
+    a->out_dir = "";
+    a->resume = "";
+    a->B = 8;
+    a->total_batch = 0;   // 0 means B*T: no accumulation
+    a->steps = 200;
+    a->lr = 1e-3f;
+    a->warmup = 20;
+    a->lr_min_frac = 0.1f;
+    a->wd = 0.1f;
+    a->beta1 = 0.9f; a->beta2 = 0.95f; a->eps = 1e-8f;
+    a->clip = 1.0f;
+    a->val_every = 50;
+    a->val_batches = 8;
+    a->sample_every = 100;
+    a->sample_len = 64;
+    a->ckpt_every = 0;
+    a->seed = 1337;
+    a->init_std = 0.02f;
+}
+
+static void args_usage(const char *prog) {
+    fprintf(stderr,
+        "usage: %s [flags]   (every flag takes one value)\n"
+        "model:\n"
+        "  -preset NAME   shape preset: test, tiny (default), 100m; later flags override it\n"
+        "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
+        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1)\n"
+        "  -H N           routing heads of mhar, must divide C (default 4)\n"
+        "  -S N           sublayers per block, 1 = full mhar (default 1)\n"
+        "data and output:\n"
+        "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
+        "  -j GLOB        val shards, \"\" for none (default data/tiny/*_val_*.bin)\n"
+        "  -tok FILE      tokenizer file to decode samples (default: print token ids)\n"
+        "  -o DIR         write DIR/log.txt and DIR/ckpt_STEP.bin (default: none)\n"
+        "  -resume FILE   continue from a checkpoint: weights, AdamW state, step, data position\n"
+        "optimisation (SPEC section 6):\n"
+        "  -b N           micro-batch size in sequences (default 8)\n"
+        "  -d N           tokens per optimizer step; a multiple of b*T (default b*T)\n"
+        "  -n N           optimizer steps (default 200)\n"
+        "  -lr X          peak learning rate (default 1e-3)\n"
+        "  -warmup N      linear warmup steps (default 20)\n"
+        "  -lr_min X      cosine floor as a fraction of the peak (default 0.1)\n"
+        "  -wd X          AdamW weight decay on matrices (default 0.1)\n"
+        "  -beta1 X -beta2 X -eps X   AdamW (default 0.9 0.95 1e-8)\n"
+        "  -clip X        clip the global gradient norm to X, 0 = off (default 1.0)\n"
+        "  -seed N        seed of init and sampling (default 1337)\n"
+        "  -init_std X    std of matrix init (default 0.02)\n"
+        "evaluation:\n"
+        "  -val_every N   val loss every N steps and at the end, 0 = never (default 50)\n"
+        "  -val_batches N micro-batches per val loss (default 8)\n"
+        "  -sample_every N  print a sample every N steps and at the end, 0 = never (default 100)\n"
+        "  -sample_len N  tokens per sample (default 64)\n"
+        "  -ckpt_every N  checkpoint every N steps and at the end, 0 = end only (default 0)\n",
+        prog);
+}
+
+// Parse "-flag value" pairs into a. Dies with a one-line error on any bad flag.
+static void args_parse(TrainArgs *a, int argc, char **argv) {
+    args_defaults(a);
+    Config *c = &a->cfg;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            args_usage(argv[0]);
+            exit(0);
+        }
+        if (argv[i][0] != '-' || i + 1 >= argc) {
+            die("flag '%s' %s; run %s --help", argv[i],
+                argv[i][0] != '-' ? "is not a -flag" : "has no value", argv[0]);
+        }
+        const char *f = argv[i] + 1, *v = argv[++i];
+        char *end = NULL;
+        double num = strtod(v, &end);
+        int is_num = end != v && *end == '\0';
+#define INT_FLAG(name, dst) else if (strcmp(f, name) == 0) { if (!is_num || num != (long)num) die("-%s needs an integer, got '%s'", name, v); dst = (long)num; }
+#define REAL_FLAG(name, dst) else if (strcmp(f, name) == 0) { if (!is_num) die("-%s needs a number, got '%s'", name, v); dst = (float)num; }
+        if (strcmp(f, "preset") == 0) { config_apply_preset(c, v); }
+        else if (strcmp(f, "r") == 0) {
+            if (strcmp(v, "std") == 0) { c->mode = RES_STD; }
+            else if (strcmp(v, "mhar") == 0) { c->mode = RES_MHAR; }
+            else if (strcmp(v, "attnres") == 0) { c->mode = RES_MHAR; c->H = 1; }
+            else { die("-r '%s' is not a residual mode; use std, mhar or attnres", v); }
+        }
+        INT_FLAG("L", c->L) INT_FLAG("C", c->C) INT_FLAG("NH", c->NH) INT_FLAG("NKV", c->NKV)
+        INT_FLAG("F", c->F) INT_FLAG("T", c->T) INT_FLAG("V", c->V) INT_FLAG("H", c->H) INT_FLAG("S", c->S)
+        else if (strcmp(f, "i") == 0) { a->train_glob = v; }
+        else if (strcmp(f, "j") == 0) { a->val_glob = v; }
+        else if (strcmp(f, "tok") == 0) { a->tokenizer = v; }
+        else if (strcmp(f, "o") == 0) { a->out_dir = v; }
+        else if (strcmp(f, "resume") == 0) { a->resume = v; }
+        INT_FLAG("b", a->B) INT_FLAG("d", a->total_batch) INT_FLAG("n", a->steps)
+        REAL_FLAG("lr", a->lr) INT_FLAG("warmup", a->warmup) REAL_FLAG("lr_min", a->lr_min_frac)
+        REAL_FLAG("wd", a->wd) REAL_FLAG("beta1", a->beta1) REAL_FLAG("beta2", a->beta2)
+        REAL_FLAG("eps", a->eps) REAL_FLAG("clip", a->clip)
+        INT_FLAG("val_every", a->val_every) INT_FLAG("val_batches", a->val_batches)
+        INT_FLAG("sample_every", a->sample_every) INT_FLAG("sample_len", a->sample_len)
+        INT_FLAG("ckpt_every", a->ckpt_every) INT_FLAG("seed", a->seed)
+        REAL_FLAG("init_std", a->init_std)
+        else { die("unknown flag -%s; run %s --help for the list", f, argv[0]); }
+#undef INT_FLAG
+#undef REAL_FLAG
+    }
+    config_finalize(c, "flags");
+    if (a->B < 1) { die("-b %d: the micro-batch needs at least one sequence", a->B); }
+    long bt = (long)a->B * c->T;
+    if (a->total_batch == 0) { a->total_batch = bt; }
+    if (a->total_batch % bt != 0) {
+        die("-d %ld is not a multiple of b*T = %ld; pick -d = k*%ld", a->total_batch, bt, bt);
+    }
+    if (a->steps < 1) { die("-n %d: train for at least one step", a->steps); }
+    if (a->sample_len > c->T) { a->sample_len = c->T; }
+}

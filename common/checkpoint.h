@@ -1,0 +1,111 @@
+// Checkpoint files, shared by both trainers (SPEC section 7). Little-endian:
+// a header of 256 int32, then tensors in the order of config.h's param enum.
+//
+//   [0] magic 0x5241484D (the bytes "MHAR")   [1] version 1
+//   [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
+//   [10] residual mode (0 std, 1 mhar)  [11] H  [12] S  [13] HD
+//   [14] content: 0 parameters, 1 parameters + AdamW m and v, 2 gradient dump
+//   [15] optimizer steps done
+//   [16] train shard  [18..19] token position in it (int64)  [20..21] sampling rng (uint64)
+//   [24] bytes per tensor element: 4 (float32) or 8 (float64, gradient dumps of the test build)
+//   [25] B  [26] T of the batch of a gradient dump  [27..28] its loss (float64)
+//
+// After the header: the parameters; with content 1, then AdamW m, then v.
+// Writers go through a temporary file and rename it, so an interrupted save
+// never destroys the previous checkpoint.
+#pragma once
+#include "config.h"
+
+#define CKPT_MAGIC 0x5241484D
+#define CKPT_VERSION 1
+#define CKPT_HEADER_INTS 256
+enum { CKPT_PARAMS = 0, CKPT_TRAIN = 1, CKPT_GRADS = 2 };
+
+typedef struct {
+    int content;        // CKPT_PARAMS, CKPT_TRAIN or CKPT_GRADS
+    int step;           // optimizer steps done
+    int shard;          // train loader position: shard index ...
+    long long pos;      // ... and token index in it
+    uint64_t rng;       // sampling rng state
+    int elem;           // bytes per element: 4 or 8
+    int B, T;           // batch of a gradient dump
+    double loss;        // loss of a gradient dump
+} CkptInfo;
+
+static void ckpt_header_make(int h[CKPT_HEADER_INTS], const Config *c, const CkptInfo *in) {
+    memset(h, 0, CKPT_HEADER_INTS * sizeof(int));
+    h[0] = CKPT_MAGIC; h[1] = CKPT_VERSION;
+    h[2] = c->V; h[3] = c->Vp; h[4] = c->T; h[5] = c->L; h[6] = c->C; h[7] = c->NH;
+    h[8] = c->NKV; h[9] = c->F; h[10] = c->mode; h[11] = c->H; h[12] = c->S; h[13] = c->HD;
+    h[14] = in->content; h[15] = in->step; h[16] = in->shard;
+    memcpy(&h[18], &in->pos, 8);
+    memcpy(&h[20], &in->rng, 8);
+    h[24] = in->elem; h[25] = in->B; h[26] = in->T;
+    memcpy(&h[27], &in->loss, 8);
+}
+
+// Open a checkpoint for reading: checks magic, version and file size, and
+// returns the config and info it records. The stream is left at the tensors.
+static FILE *ckpt_open_read(const char *path, Config *c, CkptInfo *in) {
+    FILE *f = fopen_check(path, "rb");
+    int h[CKPT_HEADER_INTS];
+    if (fread(h, sizeof(int), CKPT_HEADER_INTS, f) != CKPT_HEADER_INTS) {
+        die("%s is shorter than a checkpoint header (1024 bytes); it is not an MHAR checkpoint", path);
+    }
+    if (h[0] != CKPT_MAGIC) {
+        die("%s has magic 0x%08x, not 0x%08x: it is not an MHAR checkpoint", path, (unsigned)h[0], CKPT_MAGIC);
+    }
+    if (h[1] != CKPT_VERSION) {
+        die("%s is checkpoint version %d; this build reads version %d", path, h[1], CKPT_VERSION);
+    }
+    memset(c, 0, sizeof(*c));
+    c->V = h[2]; c->T = h[4]; c->L = h[5]; c->C = h[6]; c->NH = h[7]; c->NKV = h[8]; c->F = h[9];
+    c->mode = h[10]; c->H = h[11]; c->S = h[12];
+    config_finalize(c, path);
+    if (c->Vp != h[3] || c->HD != h[13]) { die("%s: header fields Vp/HD disagree with its shape; the file is corrupt", path); }
+    memset(in, 0, sizeof(*in));
+    in->content = h[14]; in->step = h[15]; in->shard = h[16];
+    memcpy(&in->pos, &h[18], 8);
+    memcpy(&in->rng, &h[20], 8);
+    in->elem = h[24]; in->B = h[25]; in->T = h[26];
+    memcpy(&in->loss, &h[27], 8);
+    if (in->content < 0 || in->content > 2 || (in->elem != 4 && in->elem != 8)) {
+        die("%s: content %d / element size %d in the header are invalid; the file is corrupt", path, in->content, in->elem);
+    }
+    size_t copies = in->content == CKPT_TRAIN ? 3 : 1;
+    long long want = (long long)sizeof(int) * CKPT_HEADER_INTS + (long long)(param_count(c) * copies * in->elem);
+    long long here = ftell(f);
+    fseek(f, 0, SEEK_END);
+    long long bytes = ftell(f);
+    fseek(f, here, SEEK_SET);
+    if (bytes != want) {
+        die("%s is %lld bytes but its config needs %lld: the file is truncated or corrupt", path, bytes, want);
+    }
+    return f;
+}
+
+// Die unless the checkpoint's config equals the run's, naming the first field that differs.
+static void ckpt_check_config(const char *path, const Config *file, const Config *run) {
+    const char *names[] = {"V", "T", "L", "C", "NH", "NKV", "F", "residual mode", "H", "S"};
+    int a[] = {file->V, file->T, file->L, file->C, file->NH, file->NKV, file->F, file->mode, file->H, file->S};
+    int b[] = {run->V, run->T, run->L, run->C, run->NH, run->NKV, run->F, run->mode, run->H, run->S};
+    for (int i = 0; i < 10; i++) {
+        if (a[i] != b[i]) {
+            die("%s was saved with %s=%d but this run has %s=%d; give the same model flags as the "
+                "run that saved it, or start without -resume", path, names[i], a[i], names[i], b[i]);
+        }
+    }
+}
+
+// Start writing path: returns a stream on path.tmp (name in tmp, >= 4096 chars).
+static FILE *ckpt_begin_write(const char *path, char *tmp) {
+    snprintf(tmp, 4096, "%s.tmp", path);
+    return fopen_check(tmp, "wb");
+}
+
+// Finish writing: flush, close and atomically move path.tmp over path.
+static void ckpt_end_write(FILE *f, const char *tmp, const char *path) {
+    if (fflush(f) != 0 || ferror(f)) { die("writing %s failed: %s (disk full?)", tmp, strerror(errno)); }
+    fclose(f);
+    if (rename(tmp, path) != 0) { die("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
+}

@@ -1,0 +1,193 @@
+// The model's shape, shared by both trainers and the checkpoint format:
+// the config struct and its checks, the parameter tensors in checkpoint
+// order, and the routing geometry (which sources each routing site reads).
+// Names follow SPEC.md section 2.
+#pragma once
+#include "util.h"
+
+enum { RES_STD = 0, RES_MHAR = 1 };   // residual mode (SPEC section 4)
+
+typedef struct {
+    int V;    // vocabulary size
+    int Vp;   // vocabulary padded up to a multiple of 128 (rows of wte)
+    int T;    // sequence length
+    int L;    // transformer blocks; sublayers j = 0 .. 2L-1
+    int C;    // model width
+    int NH;   // query heads
+    int NKV;  // key/value heads (GQA)
+    int HD;   // head dim = C / NH
+    int F;    // SwiGLU hidden width
+    int mode; // RES_STD or RES_MHAR (attnres is RES_MHAR with H = 1)
+    int H;    // routing heads (mhar); 1 in std mode
+    int S;    // sublayers per block (mhar); 1 = full mode (a source per sublayer)
+} Config;
+
+// Named shapes. "100m" is the paper's 100M model (SPEC section 2).
+typedef struct { const char *name; int L, C, NH, NKV, F, T; } Preset;
+static const Preset presets[] = {
+    {"test", 2, 32, 4, 2, 48, 16},          // unit tests
+    {"tiny", 4, 128, 4, 2, 384, 128},       // README quick start on a laptop CPU
+    {"100m", 12, 512, 8, 4, 1536, 2048},    // the paper's 100M model
+};
+
+static void config_apply_preset(Config *c, const char *name) {
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+        if (strcmp(presets[i].name, name) == 0) {
+            c->L = presets[i].L; c->C = presets[i].C; c->NH = presets[i].NH;
+            c->NKV = presets[i].NKV; c->F = presets[i].F; c->T = presets[i].T;
+            return;
+        }
+    }
+    die("unknown preset '%s' (-preset); use one of: test, tiny, 100m", name);
+}
+
+static const char *config_mode_name(const Config *c) {
+    if (c->mode == RES_STD) { return "std"; }
+    if (c->H == 1 && c->S == 1) { return "attnres"; }
+    return c->S == 1 ? "mhar" : "block-mhar";
+}
+
+// Fill the derived fields (HD, Vp) and die with a clear message on any
+// inconsistent value. `where` names the source of the config (flags or a file).
+static void config_finalize(Config *c, const char *where) {
+    if (c->V < 2 || c->T < 1 || c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1) {
+        die("%s: every size must be positive (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d)",
+            where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F);
+    }
+    if (c->mode != RES_STD && c->mode != RES_MHAR) {
+        die("%s: residual mode %d is unknown; use std, mhar or attnres", where, c->mode);
+    }
+    if (c->C % c->NH != 0) {
+        die("%s: NH=%d does not divide C=%d; pick NH so that C/NH is a whole head dim", where, c->NH, c->C);
+    }
+    if (c->NH % c->NKV != 0) {
+        die("%s: NKV=%d does not divide NH=%d; GQA needs NH a multiple of NKV", where, c->NKV, c->NH);
+    }
+    c->HD = c->C / c->NH;
+    if (c->HD % 2 != 0) {
+        die("%s: head dim C/NH=%d is odd; RoPE rotates pairs, so choose C/NH even", where, c->HD);
+    }
+    if (c->mode == RES_STD) { c->H = 1; c->S = 1; }
+    if (c->H < 1 || c->C % c->H != 0) {
+        die("%s: H=%d does not divide C=%d; routing heads must split the width evenly (try H=1,2,4,8)",
+            where, c->H, c->C);
+    }
+    if (c->L > 511) { die("%s: L=%d is over the supported 511 blocks", where, c->L); }
+    if (c->S < 1) { die("%s: S=%d; sublayers per block must be at least 1 (1 = full mhar)", where, c->S); }
+    c->Vp = (c->V + 127) / 128 * 128;
+}
+
+static void config_print(const Config *c, FILE *f) {
+    fprintf(f, "model: %s  L=%d C=%d NH=%d NKV=%d HD=%d F=%d T=%d V=%d (Vp=%d)",
+            config_mode_name(c), c->L, c->C, c->NH, c->NKV, c->HD, c->F, c->T, c->V, c->Vp);
+    if (c->mode == RES_MHAR) { fprintf(f, " H=%d S=%d", c->H, c->S); }
+    fprintf(f, "\n");
+}
+
+// ---------------------------------------------------------------------------
+// Parameter tensors, in checkpoint order. Matrices are (out, in): y = x W^T.
+
+enum {
+    P_WTE,   // (Vp, C)      token embedding, tied with the LM head
+    P_LN1W,  // (L, C)       pre-norm weight g_j of attention sublayers j = 2l
+    P_WQ,    // (L, NH*HD, C)
+    P_WK,    // (L, NKV*HD, C)
+    P_WV,    // (L, NKV*HD, C)
+    P_QNW,   // (L, HD)      QK-norm weight of queries
+    P_KNW,   // (L, HD)      QK-norm weight of keys
+    P_WO,    // (L, C, NH*HD)
+    P_LN2W,  // (L, C)       pre-norm weight g_j of MLP sublayers j = 2l+1
+    P_WG,    // (L, F, C)    SwiGLU gate
+    P_WU,    // (L, F, C)    SwiGLU up
+    P_WD,    // (L, C, F)    SwiGLU down
+    P_LNFW,  // (C)          final norm g_f
+    P_RQ,    // (2L+1, C)    routing pseudo-queries q_j (mhar only)
+    P_RG,    // (2L+1, C)    routing key-norm weights gamma_j (mhar only)
+    NUM_PARAM_TENSORS
+};
+
+static const char *const param_names[NUM_PARAM_TENSORS] = {
+    "wte", "ln1w", "wq", "wk", "wv", "qnw", "knw", "wo", "ln2w", "wg", "wu", "wd", "lnfw", "rq", "rg"};
+
+static void param_sizes(const Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
+    size_t L = c->L, C = c->C, HD = c->HD, F = c->F;
+    size_t QD = (size_t)c->NH * HD, KVD = (size_t)c->NKV * HD;
+    size_t sites = c->mode == RES_MHAR ? 2 * L + 1 : 0;
+    sizes[P_WTE] = (size_t)c->Vp * C;
+    sizes[P_LN1W] = L * C;
+    sizes[P_WQ] = L * QD * C;
+    sizes[P_WK] = L * KVD * C;
+    sizes[P_WV] = L * KVD * C;
+    sizes[P_QNW] = L * HD;
+    sizes[P_KNW] = L * HD;
+    sizes[P_WO] = L * C * QD;
+    sizes[P_LN2W] = L * C;
+    sizes[P_WG] = L * F * C;
+    sizes[P_WU] = L * F * C;
+    sizes[P_WD] = L * C * F;
+    sizes[P_LNFW] = C;
+    sizes[P_RQ] = sites * C;
+    sizes[P_RG] = sites * C;
+}
+
+static size_t param_count(const Config *c) {
+    size_t sizes[NUM_PARAM_TENSORS], n = 0;
+    param_sizes(c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { n += sizes[i]; }
+    return n;
+}
+
+// AdamW weight decay applies to the matrices only, not to norm weights,
+// routing queries or gammas (the usual choice; SPEC section 6 is silent).
+static int param_is_decayed(int i) {
+    return i == P_WTE || i == P_WQ || i == P_WK || i == P_WV || i == P_WO ||
+           i == P_WG || i == P_WU || i == P_WD;
+}
+
+// ---------------------------------------------------------------------------
+// Routing geometry (SPEC sections 4 and 5).
+//
+// Both trainers keep 2L+1 "slots" of width C per position:
+//   slot 0   = wte[token]
+//   slot j+1 = the output of sublayer j, plus slot j when slot_chains(j).
+// std mode chains every slot, so slot j is the residual stream x_j.
+// mhar mode chains inside a block of S sublayers, so slot j+1 is the sum of
+// the outputs of its block so far: slot mS is the completed block sum b_m, and
+// slot j (j not a multiple of S) is the partial sum of the current block.
+// With S = 1 nothing chains and slot j+1 is the raw output v_{j+1}: full mode.
+
+static int slot_chains(const Config *c, int j) {
+    return c->mode == RES_STD || j % c->S != 0;
+}
+
+// The slots read by routing site j (0 <= j <= 2L), written into src; returns
+// their count. Sources are b_0, the completed blocks b_1..b_m, then the partial
+// sum of the current block when it has p >= 1 outputs. At most 2L+1 sources.
+static int site_sources(const Config *c, int j, int *src) {
+    int m = j / c->S, p = j - m * c->S, n = 0;
+    for (int b = 0; b <= m; b++) { src[n++] = b * c->S; }
+    if (p >= 1) { src[n++] = j; }
+    return n;
+}
+
+// ---------------------------------------------------------------------------
+// Initialisation (SPEC section 6): every matrix N(0, std^2), norm weights and
+// routing gammas 1, routing queries 0; the padding rows V..Vp-1 of wte are 0
+// (they never reach the softmax). Draws come from one xorshift stream in
+// tensor order, so both trainers start from the same float32 bits.
+static void params_init(float *p, const Config *c, uint64_t seed, float std) {
+    size_t sizes[NUM_PARAM_TENSORS];
+    param_sizes(c, sizes);
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        for (size_t k = 0; k < sizes[i]; k++) {
+            float x;
+            if (i == P_RQ) { x = 0.0f; }
+            else if (i == P_LN1W || i == P_LN2W || i == P_QNW || i == P_KNW || i == P_LNFW || i == P_RG) { x = 1.0f; }
+            else if (i == P_WTE && k >= (size_t)c->V * c->C) { x = 0.0f; }
+            else { x = (float)(std * rng_normal(&rng)); }
+            p[k] = x;
+        }
+        p += sizes[i];
+    }
+}

@@ -1,0 +1,436 @@
+/*
+test_mhar.c: checks of the CPU reference trainer.
+
+This file includes train_mhar.c compiled in double precision (the Makefile
+passes -DMHAR_REAL=double), so finite differences are accurate to ~1e-10 and
+any real bug stands out by many orders of magnitude. It checks:
+  1. the hand-written gradient of every parameter tensor against central
+     differences, in every residual mode, with GQA on;
+  2. routing against a deliberately naive model written from SPEC's definitions
+     (single- and multi-head, full and block mode), and that zero queries
+     average the sources;
+  3. the real float32 trainer binary (./train_mhar), run as a subprocess: the
+     loss falls on a learnable sequence, a resumed run reproduces the remaining
+     losses bit for bit, 1 and 2 threads agree bit for bit, and bad input fails
+     with a one-line error and a non-zero exit;
+  4. the GPU trainer against this CPU reference, when built with the GPU.
+It ends with "N passed, N failed" and exits non-zero on any failure.
+*/
+#define TESTING
+#include "train_mhar.c"
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int passed = 0, failed = 0;
+
+static void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "PASS" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) { passed++; } else { failed++; }
+    fflush(stdout);
+}
+
+// A tiny config: L=2 (4 sublayers, 5 routing sites), GQA with NH=4, NKV=2.
+static Config tiny_config(int mode, int H, int S) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 37; c.T = 8; c.L = 2; c.C = 16; c.NH = 4; c.NKV = 2; c.F = 24;
+    c.mode = mode; c.H = H; c.S = S;
+    config_finalize(&c, "test");
+    return c;
+}
+
+static void random_tokens(int *x, size_t n, int V, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) { x[i] = (int)(rng_u32(rng) % (uint32_t)V); }
+}
+
+static double loss_at(Model *m, const int *in, const int *tg, int B, int T) {
+    model_forward(m, in, tg, B, T);
+    return m->loss;
+}
+
+// ----------------------------------------------------------------------------
+// 1. Gradients against central differences
+//
+// Tolerance: in double, the central difference with step eps has truncation
+// error ~eps^2 |f'''| / 6 ~ 1e-11 and rounding error ~1e-16 |f| / eps ~ 1e-11
+// at eps = 1e-5 (|f| ~ 4, derivatives O(1)). Measured worst errors are below
+// 1e-8; a wrong term in any backward formula gives errors of order 1e-2 to 1.
+// We allow 1e-6. Per element, the denominator has a floor of 1e-6 so that
+// near-zero gradients (|g| < 1e-6, where the absolute FD error dominates) are
+// judged by absolute error.
+
+#define FD_EPS 1e-5
+#define FD_TOL 1e-6
+
+static void check_gradients(const char *name, Config cfg) {
+    int B = 2, T = cfg.T;
+    size_t N = (size_t)B * T;
+    Model m;
+    model_build(&m, &cfg, 42, 0.02f);
+    model_randomize(&m, 1234);
+    uint64_t rng = 99;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    model_zero_grad(&m);
+    model_forward(&m, in, tg, B, T);
+    model_backward(&m, (real)(1.0 / N));
+    real *grad = (real *)malloc_check(m.nparams * sizeof(real));
+    memcpy(grad, m.grads_mem, m.nparams * sizeof(real));
+    real *dir = (real *)malloc_check(m.nparams * sizeof(real));
+    size_t off = 0;
+    double worst_all = 0;
+    printf("  %-12s %-6s %12s %12s\n", name, "tensor", "dir rel err", "elem rel err");
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        size_t n = m.sizes[ti];
+        if (n == 0) { off += n; continue; }   // rq, rg in std mode
+        real *p = m.params_mem + off, *g = grad + off;
+        // along a random direction d: (L(p + eps d) - L(p - eps d)) / 2 eps == g . d
+        double an = 0, dnorm = 0;
+        for (size_t i = 0; i < n; i++) { dir[i] = (real)rng_normal(&rng); dnorm += dir[i] * dir[i]; }
+        dnorm = sqrt(dnorm);
+        for (size_t i = 0; i < n; i++) { dir[i] /= dnorm; an += g[i] * dir[i]; }
+        for (size_t i = 0; i < n; i++) { p[i] += FD_EPS * dir[i]; }
+        double lp = loss_at(&m, in, tg, B, T);
+        for (size_t i = 0; i < n; i++) { p[i] -= 2 * FD_EPS * dir[i]; }
+        double lm = loss_at(&m, in, tg, B, T);
+        for (size_t i = 0; i < n; i++) { p[i] += FD_EPS * dir[i]; }
+        double fd = (lp - lm) / (2 * FD_EPS);
+        double dir_err = fabs(fd - an) / fmax(fmax(fabs(fd), fabs(an)), 1e-6);
+        // per element, on a sample of 6 elements
+        double el_err = 0;
+        for (int s = 0; s < 6; s++) {
+            size_t i = rng_u32(&rng) % n;
+            real keep = p[i];
+            p[i] = keep + FD_EPS; double l1 = loss_at(&m, in, tg, B, T);
+            p[i] = keep - FD_EPS; double l2 = loss_at(&m, in, tg, B, T);
+            p[i] = keep;
+            double fde = (l1 - l2) / (2 * FD_EPS);
+            double e = fabs(fde - g[i]) / fmax(fmax(fabs(fde), fabs(g[i])), 1e-6);
+            if (e > el_err) { el_err = e; }
+        }
+        printf("  %-12s %-6s %12.2e %12.2e\n", "", param_names[ti], dir_err, el_err);
+        double w = fmax(dir_err, el_err);
+        if (w > worst_all) { worst_all = w; }
+        if (!(dir_err < FD_TOL && el_err < FD_TOL)) {
+            check(0, "gradient of %s in %s: relative error %.2e / %.2e over %.0e", param_names[ti], name,
+                  dir_err, el_err, FD_TOL);
+        }
+        off += n;
+    }
+    check(worst_all < FD_TOL, "gradients of every tensor in %s match central differences (worst %.2e)", name, worst_all);
+    free(grad); free(dir); free(in); free(tg);
+    model_free(&m);
+}
+
+// ----------------------------------------------------------------------------
+// 2. A naive model straight from SPEC sections 4 and 5
+//
+// It keeps the raw sublayer outputs v_0 .. v_2L in a list, builds each site's
+// sources from their definition (b_0 = v_0; completed blocks are sums of S
+// outputs; the partial sum of the current block), and routes with explicit
+// loops: softmax over depth of q . (gamma * RMSNorm(v_i)) per head, mix of the
+// raw v_i. The sublayers themselves reuse the model's functions. With
+// use_blocks = 0 it ignores S and reads every v_i (full mode).
+
+static void naive_route(double *out, double **srcs, int n, const real *q, const real *gamma, int C, int H) {
+    int HC = C / H;
+    for (int c = 0; c < C; c++) { out[c] = 0; }
+    for (int h = 0; h < H; h++) {
+        double s[1024], mx = -1e300, z = 0;
+        for (int i = 0; i < n; i++) {
+            double ms = 0;   // RMSNorm over the full width C, per SPEC
+            for (int c = 0; c < C; c++) { ms += srcs[i][c] * srcs[i][c]; }
+            double rn = 1 / sqrt(ms / C + 1e-6);
+            s[i] = 0;
+            for (int c = h * HC; c < (h + 1) * HC; c++) { s[i] += q[c] * gamma[c] * srcs[i][c] * rn; }
+            if (s[i] > mx) { mx = s[i]; }
+        }
+        for (int i = 0; i < n; i++) { z += exp(s[i] - mx); }
+        for (int i = 0; i < n; i++) {
+            double a = exp(s[i] - mx) / z;
+            for (int c = h * HC; c < (h + 1) * HC; c++) { out[c] += a * srcs[i][c]; }
+        }
+    }
+}
+
+// loss of the naive model (mhar mode only); logits into logits_out (N, V)
+static double naive_loss(Model *m, const int *in, const int *tg, int B, int T, int use_blocks, double *logits_out) {
+    const Config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
+    double *v = (double *)calloc_check((2 * L + 1) * N * C, sizeof(double));   // raw outputs v_0..v_2L
+    real *h = (real *)malloc_check(N * C * sizeof(real)), *u = (real *)malloc_check(N * C * sizeof(real));
+    real *rstd = (real *)malloc_check(N * sizeof(real)), *out = (real *)malloc_check(N * C * sizeof(real));
+    double *blocks = (double *)malloc_check((2 * L + 2) * C * sizeof(double));
+    double *srcs[1024];
+    for (size_t n = 0; n < N; n++) {
+        for (size_t k = 0; k < C; k++) { v[n * C + k] = m->params.wte[(size_t)in[n] * C + k]; }
+    }
+    for (size_t j = 0; j <= 2 * L; j++) {
+        for (size_t n = 0; n < N; n++) {
+            int ns = 0;
+            if (!use_blocks) {
+                for (size_t i = 0; i <= j; i++) { srcs[ns++] = v + (i * N + n) * C; }
+            } else {
+                size_t S = c->S, mb = j / S, p = j - mb * S;
+                srcs[ns++] = v + n * C;                           // b_0 = the embedding
+                for (size_t b = 1; b <= mb + (p >= 1); b++) {     // b_1..b_m, then the partial block
+                    double *sum = blocks + (b - 1) * C;
+                    for (size_t k = 0; k < C; k++) { sum[k] = 0; }
+                    size_t first = (b - 1) * S, last = b <= mb ? b * S : j;   // outputs of sublayers [first, last)
+                    for (size_t o = first; o < last; o++) {
+                        for (size_t k = 0; k < C; k++) { sum[k] += v[((o + 1) * N + n) * C + k]; }
+                    }
+                    srcs[ns++] = sum;
+                }
+            }
+            double hd[1024];
+            naive_route(hd, srcs, ns, m->params.rq + j * C, m->params.rg + j * C, (int)C, c->H);
+            for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)hd[k]; }
+        }
+        if (j == 2 * L) { break; }
+        size_t l = j / 2;
+        rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
+        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
+        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+        for (size_t k = 0; k < N * C; k++) { v[(j + 1) * N * C + k] = out[k]; }
+    }
+    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
+        for (int t = 0; t < c->V; t++) {
+            lg[t] = 0;
+            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
+            if (lg[t] > mx) { mx = lg[t]; }
+        }
+        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
+        loss += -(lg[tg[n]] - mx - log(z));
+    }
+    free(v); free(h); free(u); free(rstd); free(out); free(blocks);
+    return loss / N;
+}
+
+static void check_naive(const char *name, Config cfg) {
+    int B = 2, T = cfg.T;
+    size_t N = (size_t)B * T;
+    Model m;
+    model_build(&m, &cfg, 7, 0.02f);
+    model_randomize(&m, 77);
+    uint64_t rng = 5;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    double *nl = (double *)malloc_check(N * cfg.V * sizeof(double));
+    double naive = naive_loss(&m, in, tg, B, T, 1, nl);
+    model_forward(&m, in, tg, B, T);
+    double worst = 0;
+    for (size_t i = 0; i < N * cfg.V; i++) {
+        double e = fabs(m.acts.logits[i] - nl[i]) / fmax(fabs(nl[i]), 1.0);
+        if (e > worst) { worst = e; }
+    }
+    // both in double, different summation orders: agreement to ~1e-14
+    check(fabs(m.loss - naive) < 1e-10 && worst < 1e-10,
+          "%s equals the naive model from SPEC: loss %.12f vs %.12f, worst logit error %.1e", name, m.loss, naive, worst);
+    if (cfg.S == 1) {
+        double *fl = (double *)malloc_check(N * cfg.V * sizeof(double));
+        double full = naive_loss(&m, in, tg, B, T, 0, fl);
+        check(fabs(full - naive) < 1e-12, "%s: block sources with S=1 equal full-mode sources (loss %.12f vs %.12f)",
+              name, naive, full);
+        free(fl);
+    }
+    free(nl); free(in); free(tg);
+    model_free(&m);
+}
+
+// Zero queries give every source the same score: out is the plain average.
+static void check_zero_query_average(void) {
+    int C = 16, H = 4, n = 5;
+    size_t N = 3;
+    uint64_t rng = 11;
+    real *slots = (real *)malloc_check(n * N * C * sizeof(real)), r[5 * 3], a[3 * 4 * 5], out[3 * 16];
+    real q[16] = {0}, gamma[16];
+    int src[5] = {0, 1, 2, 3, 4};
+    for (size_t i = 0; i < n * N * C; i++) { slots[i] = (real)rng_normal(&rng); }
+    for (int c = 0; c < C; c++) { gamma[c] = (real)(1 + rng_normal(&rng)); }
+    for (int i = 0; i < n; i++) { source_stat_forward(r + i * N, slots + i * N * C, N, C); }
+    route_forward(out, a, slots, r, src, n, q, gamma, N, C, H);
+    double worst = 0;
+    for (size_t t = 0; t < N; t++) {
+        for (int c = 0; c < C; c++) {
+            double mean = 0;
+            for (int i = 0; i < n; i++) { mean += slots[(i * N + t) * C + c] / n; }
+            worst = fmax(worst, fabs(out[t * C + c] - mean));
+        }
+    }
+    for (size_t i = 0; i < N * H * n; i++) { worst = fmax(worst, fabs(a[i] - 1.0 / n)); }
+    check(worst < 1e-14, "zero routing queries give the uniform average of the sources (max error %.1e)", worst);
+    free(slots);
+}
+
+// ----------------------------------------------------------------------------
+// 3. The float32 trainer binary, run as a subprocess
+
+static char tmpdir[256];
+
+// Run a shell command; returns its exit status, and its stderr in err (if not NULL).
+static int run_cmd(const char *cmd, char *err, size_t errlen) {
+    char full[8192];
+    snprintf(full, sizeof(full), "%s >%s/out.txt 2>%s/err.txt", cmd, tmpdir, tmpdir);
+    int rc = system(full);
+    if (err != NULL) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/err.txt", tmpdir);
+        FILE *f = fopen(path, "rb");
+        size_t k = f ? fread(err, 1, errlen - 1, f) : 0;
+        err[k] = '\0';
+        if (f) { fclose(f); }
+    }
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 255;
+}
+
+static void write_shard(const char *path, const uint16_t *tok, int n, int magic, int version) {
+    FILE *f = fopen_check(path, "wb");
+    int header[256] = {0};
+    header[0] = magic; header[1] = version; header[2] = n;
+    fwrite_check(header, sizeof(int), 256, f, path);
+    fwrite_check(tok, sizeof(uint16_t), (size_t)n, f, path);
+    fclose(f);
+}
+
+// The "train_loss" fields of a log, one string per step (enough for 1000 steps).
+static int read_losses(const char *path, char losses[][32], int max) {
+    FILE *f = fopen(path, "r");
+    if (f == NULL) { return 0; }
+    char line[512];
+    int n = 0;
+    while (fgets(line, sizeof(line), f) && n < max) {
+        int step;
+        char loss[32];
+        if (sscanf(line, "step %d train_loss %31s", &step, loss) == 2) { strcpy(losses[n++], loss); }
+    }
+    fclose(f);
+    return n;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) { n += *s == '\n'; }
+    return n;
+}
+
+static void check_trainer_binary(void) {
+    char cmd[4096], err[4096], path[512];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    if (access("./train_mhar", X_OK) != 0) {
+        check(0, "./train_mhar exists (run make first)");
+        return;
+    }
+    // A learnable sequence: 17 tokens repeating with period 17, a document
+    // boundary token every 64. Vocab 61.
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    snprintf(path, sizeof(path), "%s/val.bin", tmpdir);
+    write_shard(path, tok, 5000, 20240520, 1);
+    const char *base = "./train_mhar -preset test -V 61 -r mhar -H 2 -S 1 -b 4 -lr 1e-2 -warmup 5 "
+                       "-sample_every 0 -val_every 20 -val_batches 2";
+
+    // the loss falls far below its start
+    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/a", base, tmpdir, tmpdir, tmpdir);
+    int rc = run_cmd(cmd, err, sizeof(err));
+    char la[64][32], lb[64][32];
+    snprintf(path, sizeof(path), "%s/a/log.txt", tmpdir);
+    int na = read_losses(path, la, 64);
+    double first = na > 0 ? atof(la[0]) : 0, lastl = na > 0 ? atof(la[na - 1]) : 1e9;
+    check(rc == 0 && na == 40 && lastl < 0.25 * first,
+          "training run: 40 steps, loss %.3f -> %.3f (must fall below a quarter)", first, lastl);
+
+    // resuming at step 20 reproduces steps 21..40 bit for bit
+    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/b -resume %s/a/ckpt_000020.bin",
+             base, tmpdir, tmpdir, tmpdir, tmpdir);
+    rc = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/b/log.txt", tmpdir);
+    int nb = read_losses(path, lb, 64), same = nb == 20 && na == 40;
+    for (int i = 0; same && i < 20; i++) { same = strcmp(la[20 + i], lb[i]) == 0; }
+    check(rc == 0 && same, "resume from the step-20 checkpoint reproduces steps 21-40 bit for bit (%d steps, last %s vs %s)",
+          nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
+
+    // one thread and two threads agree bit for bit
+    snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -i %s/train.bin -j '' -n 5 -o %s/t1", base, tmpdir, tmpdir);
+    int rc1 = run_cmd(cmd, NULL, 0);
+    snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=2 %s -i %s/train.bin -j '' -n 5 -o %s/t2", base, tmpdir, tmpdir);
+    int rc2 = run_cmd(cmd, NULL, 0);
+    char l1[8][32], l2[8][32];
+    snprintf(path, sizeof(path), "%s/t1/log.txt", tmpdir);
+    int n1 = read_losses(path, l1, 8);
+    snprintf(path, sizeof(path), "%s/t2/log.txt", tmpdir);
+    int n2 = read_losses(path, l2, 8);
+    same = rc1 == 0 && rc2 == 0 && n1 == 5 && n2 == 5;
+    for (int i = 0; same && i < 5; i++) { same = strcmp(l1[i], l2[i]) == 0; }
+    check(same, "1 and 2 OpenMP threads give bit-identical losses (step 5: %s vs %s)", n1 == 5 ? l1[4] : "?", n2 == 5 ? l2[4] : "?");
+
+    // bad input: a non-zero exit and one line naming the problem
+    struct { const char *what, *args, *expect; } bad[6];
+    char truncated[512], badmagic[512], a0[512], a1[512], a2[512], a3[512], a4[512], a5[512];
+    snprintf(truncated, sizeof(truncated), "%s/trunc.bin", tmpdir);
+    write_shard(truncated, tok, 3000, 20240520, 1);
+    if (truncate(truncated, 1024 + 2 * 2000) != 0) { die("cannot truncate %s", truncated); }
+    snprintf(badmagic, sizeof(badmagic), "%s/magic.bin", tmpdir);
+    write_shard(badmagic, tok, 3000, 12345, 1);
+    snprintf(a0, sizeof(a0), "-i %s -n 1", truncated);
+    snprintf(a1, sizeof(a1), "-i %s -n 1", badmagic);
+    snprintf(a2, sizeof(a2), "-i %s/train.bin -H 3 -n 1", tmpdir);
+    snprintf(a3, sizeof(a3), "-i %s/train.bin -NKV 3 -n 1", tmpdir);
+    snprintf(a4, sizeof(a4), "-i %s/train.bin -L 3 -n 1 -resume %s/a/ckpt_000040.bin", tmpdir, tmpdir);
+    snprintf(a5, sizeof(a5), "-i %s/missing_*.bin -n 1", tmpdir);
+    bad[0].what = "truncated shard"; bad[0].args = a0; bad[0].expect = "truncated";
+    bad[1].what = "wrong magic number"; bad[1].args = a1; bad[1].expect = "magic 12345";
+    bad[2].what = "H not dividing C"; bad[2].args = a2; bad[2].expect = "H=3 does not divide C=32";
+    bad[3].what = "NKV not dividing NH"; bad[3].args = a3; bad[3].expect = "NKV=3 does not divide NH=4";
+    bad[4].what = "checkpoint with another config"; bad[4].args = a4; bad[4].expect = "saved with L=2 but this run has L=3";
+    bad[5].what = "missing file"; bad[5].args = a5; bad[5].expect = "no token shards match";
+    for (int i = 0; i < 6; i++) {
+        snprintf(cmd, sizeof(cmd), "./train_mhar -preset test -V 61 -b 4 -j '' -sample_every 0 %s", bad[i].args);
+        rc = run_cmd(cmd, err, sizeof(err));
+        char *nl = strchr(err, '\n');
+        check(rc != 0 && strstr(err, bad[i].expect) != NULL && count_lines(err) == 1,
+              "bad input (%s): exit %d, \"%.*s\"", bad[i].what, rc, nl ? (int)(nl - err) : (int)strlen(err), err);
+    }
+    free(tok);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
+int main(void) {
+    printf("== 1. gradients vs central differences (float64 build) ==\n");
+    check_gradients("std", tiny_config(RES_STD, 1, 1));
+    check_gradients("attnres", tiny_config(RES_MHAR, 1, 1));
+    check_gradients("mhar H=2", tiny_config(RES_MHAR, 2, 1));
+    check_gradients("mhar H=4", tiny_config(RES_MHAR, 4, 1));
+    check_gradients("block S=2", tiny_config(RES_MHAR, 2, 2));
+    check_gradients("block S=3", tiny_config(RES_MHAR, 4, 3));
+    check_gradients("block S=4", tiny_config(RES_MHAR, 4, 4));
+
+    printf("== 2. routing against a naive model from SPEC ==\n");
+    check_naive("attnres (H=1)", tiny_config(RES_MHAR, 1, 1));
+    check_naive("mhar H=4", tiny_config(RES_MHAR, 4, 1));
+    check_naive("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
+    check_naive("block S=3 H=1", tiny_config(RES_MHAR, 1, 3));
+    check_zero_query_average();
+
+    printf("== 3. the float32 trainer binary ==\n");
+    check_trainer_binary();
+
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

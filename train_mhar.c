@@ -1,0 +1,1161 @@
+/*
+train_mhar.c: the CPU reference trainer of Multi-Head Attention Residuals.
+
+A Qwen3-style transformer (RMSNorm, RoPE, GQA with QK-norm, SwiGLU, tied
+embeddings) whose residual stream is either the usual running sum (std) or
+MHAR routing: the input of every sublayer is a learned softmax mix, over depth,
+of all earlier sublayer outputs, with one softmax per routing head. The model
+is specified in SPEC.md; section numbers below refer to it.
+
+Every forward and backward pass is written out by hand in plain C. Each layer
+has X_forward and X_backward side by side; backward functions add (+=) into
+their gradient outputs. The routing lives in source_stat_forward,
+route_forward and route_backward. Read top to bottom: layers, then the model,
+then the training loop.
+
+Build: make train_mhar. Floats are `real`, float by default; the test build
+compiles this same file with -DMHAR_REAL=double for finite differences.
+*/
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <tgmath.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "common/util.h"
+#include "common/config.h"
+#include "common/args.h"
+#include "common/dataloader.h"
+#include "common/checkpoint.h"
+#include "common/logger.h"
+#include "common/tokenizer.h"
+
+#ifndef MHAR_REAL
+#define MHAR_REAL float
+#endif
+typedef MHAR_REAL real;
+
+// ----------------------------------------------------------------------------
+// Matrix multiply
+//
+// Every matmul of the model multiplies by a weight W of shape (OC, IC), the
+// layout of PyTorch's Linear:
+//   forward   out  (N, OC)  = inp (N, IC) . W^T
+//   backward  dinp (N, IC) += dout (N, OC) . W
+//             dW   (OC, IC) += dout^T . inp
+// All three go through gemm(), which computes C (+)= A B for A and B given with
+// arbitrary strides. It is cache-blocked in the classic way: a KC x NC block of
+// B and an MC x KC block of A are copied ("packed") into contiguous panels, and
+// a small MR x NR tile of C is kept in registers while it streams through
+// them. The compiler vectorises the tile loop. Each element of C is summed in
+// the same order whatever the number of threads, so results are identical for
+// any OMP_NUM_THREADS.
+
+#define GEMM_MR 6     // rows of the register tile
+#define GEMM_NR 32    // columns of the register tile (two AVX-512 vectors of float)
+#define GEMM_KC 256   // depth of one packed block
+#define GEMM_MC 96    // rows of A packed per thread (multiple of MR)
+#define GEMM_NC 2048  // columns of B packed at once (multiple of NR)
+
+// Copy the mc x kc block A(i, k) = A[i*sa_m + k*sa_k] into panels of MR rows,
+// each stored k-major, zero-padded to a whole panel.
+static void gemm_pack_a(real *dst, const real *A, size_t sa_m, size_t sa_k, int mc, int kc) {
+    for (int i0 = 0; i0 < mc; i0 += GEMM_MR) {
+        for (int k = 0; k < kc; k++) {
+            for (int r = 0; r < GEMM_MR; r++) {
+                dst[r] = i0 + r < mc ? A[(size_t)(i0 + r) * sa_m + (size_t)k * sa_k] : 0;
+            }
+            dst += GEMM_MR;
+        }
+    }
+}
+
+// Copy the kc x nc block B(k, j) = B[k*sb_k + j*sb_n] into panels of NR columns.
+static void gemm_pack_b_panel(real *dst, const real *B, size_t sb_k, size_t sb_n, int kc, int nr) {
+    for (int k = 0; k < kc; k++) {
+        for (int c = 0; c < GEMM_NR; c++) {
+            dst[(size_t)k * GEMM_NR + c] = c < nr ? B[(size_t)k * sb_k + (size_t)c * sb_n] : 0;
+        }
+    }
+}
+
+// The register tile: C[0:mr, 0:nr] (+)= Apanel . Bpanel over kc.
+static void gemm_tile(int kc, const real *restrict Ap, const real *restrict Bp, real *C, size_t ldc,
+                      int mr, int nr, int overwrite) {
+    real acc[GEMM_MR][GEMM_NR];
+    for (int r = 0; r < GEMM_MR; r++) {
+        for (int c = 0; c < GEMM_NR; c++) { acc[r][c] = 0; }
+    }
+    for (int k = 0; k < kc; k++) {
+        const real *b = Bp + (size_t)k * GEMM_NR;
+        for (int r = 0; r < GEMM_MR; r++) {
+            real a = Ap[(size_t)k * GEMM_MR + r];
+            for (int c = 0; c < GEMM_NR; c++) { acc[r][c] += a * b[c]; }
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        real *row = C + (size_t)r * ldc;
+        for (int c = 0; c < nr; c++) { row[c] = overwrite ? acc[r][c] : row[c] + acc[r][c]; }
+    }
+}
+
+// C (M, N, row-major) = or += A (M, K) . B (K, N), where A(i, k) = A[i*sa_m + k*sa_k]
+// and B(k, j) = B[k*sb_k + j*sb_n].
+static void gemm(real *C, const real *A, size_t sa_m, size_t sa_k, const real *B, size_t sb_k,
+                 size_t sb_n, int M, int N, int K, int accumulate) {
+    if (K == 0 && !accumulate) { memset(C, 0, (size_t)M * N * sizeof(real)); }
+    real *Bp = (real *)malloc_check((size_t)GEMM_KC * GEMM_NC * sizeof(real));
+    for (int j0 = 0; j0 < N; j0 += GEMM_NC) {
+        int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+        for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+            int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+            int overwrite = !accumulate && k0 == 0;
+            int npanels = (nc + GEMM_NR - 1) / GEMM_NR;
+            #pragma omp parallel for schedule(static)
+            for (int jp = 0; jp < npanels; jp++) {
+                int nr = nc - jp * GEMM_NR < GEMM_NR ? nc - jp * GEMM_NR : GEMM_NR;
+                gemm_pack_b_panel(Bp + (size_t)jp * kc * GEMM_NR,
+                                  B + (size_t)k0 * sb_k + (size_t)(j0 + jp * GEMM_NR) * sb_n, sb_k, sb_n, kc, nr);
+            }
+            int nblocks = (M + GEMM_MC - 1) / GEMM_MC;
+            #pragma omp parallel
+            {
+                real *Ap = (real *)malloc_check((size_t)GEMM_MC * GEMM_KC * sizeof(real));
+                #pragma omp for schedule(static)
+                for (int ib = 0; ib < nblocks; ib++) {
+                    int i0 = ib * GEMM_MC;
+                    int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                    gemm_pack_a(Ap, A + (size_t)i0 * sa_m + (size_t)k0 * sa_k, sa_m, sa_k, mc, kc);
+                    for (int jp = 0; jp < npanels; jp++) {
+                        int nr = nc - jp * GEMM_NR < GEMM_NR ? nc - jp * GEMM_NR : GEMM_NR;
+                        for (int ir = 0; ir < mc; ir += GEMM_MR) {
+                            int mr = mc - ir < GEMM_MR ? mc - ir : GEMM_MR;
+                            gemm_tile(kc, Ap + (size_t)ir * kc, Bp + (size_t)jp * kc * GEMM_NR,
+                                      C + (size_t)(i0 + ir) * N + j0 + jp * GEMM_NR, (size_t)N, mr, nr, overwrite);
+                        }
+                    }
+                }
+                free(Ap);
+            }
+        }
+    }
+    free(Bp);
+}
+
+// out (N, OC) = inp (N, IC) . weight^T, weight (OC, IC)
+void matmul_forward(real *out, const real *inp, const real *weight, size_t N, int IC, int OC) {
+    gemm(out, inp, IC, 1, weight, 1, IC, (int)N, OC, IC, 0);
+}
+
+// dinp (N, IC) += dout . weight;  dweight (OC, IC) += dout^T . inp
+void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                     size_t N, int IC, int OC) {
+    // out[n][o] = sum_i inp[n][i] * weight[o][i]
+    gemm(dinp, dout, OC, 1, weight, IC, 1, (int)N, IC, OC, 1);
+    gemm(dweight, dout, 1, OC, inp, IC, 1, OC, IC, (int)N, 1);
+}
+
+// ----------------------------------------------------------------------------
+// Embedding
+
+// out (N, C) = wte[inp[n]]: the first source v_0 (SPEC section 4)
+void encoder_forward(real *out, const int *inp, const real *wte, size_t N, int C) {
+    for (size_t n = 0; n < N; n++) {
+        memcpy(out + n * C, wte + (size_t)inp[n] * C, C * sizeof(real));
+    }
+}
+
+// dwte[inp[n]] += dout[n]; serial, since the same token can appear twice
+void encoder_backward(real *dwte, const real *dout, const int *inp, size_t N, int C) {
+    for (size_t n = 0; n < N; n++) {
+        real *d = dwte + (size_t)inp[n] * C;
+        const real *g = dout + n * C;
+        for (int c = 0; c < C; c++) { d[c] += g[c]; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// RMSNorm, used for the pre-norms (vectors of C), the final norm, and QK-norm
+// (each head's vector of HD, weights shared across heads).
+
+// out (N, D) = inp / sqrt(mean(inp^2) + 1e-6) * w;  rstd (N) kept for backward
+void rmsnorm_forward(real *out, real *rstd, const real *inp, const real *w, size_t N, int D) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real *x = inp + n * D;
+        real ss = 0;
+        for (int i = 0; i < D; i++) { ss += x[i] * x[i]; }
+        real s = 1 / sqrt(ss / D + (real)1e-6);
+        for (int i = 0; i < D; i++) { out[n * D + i] = x[i] * s * w[i]; }
+        rstd[n] = s;
+    }
+}
+
+// dinp (N, D) += ...;  dw (D) += ...
+void rmsnorm_backward(real *dinp, real *dw, const real *dout, const real *inp, const real *rstd,
+                      const real *w, size_t N, int D) {
+    // out[i] = x[i] * s * w[i], with s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / D
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real *x = inp + n * D, *g = dout + n * D;
+        real s = rstd[n], gwx = 0;
+        for (int i = 0; i < D; i++) { gwx += g[i] * w[i] * x[i]; }
+        for (int i = 0; i < D; i++) {
+            dinp[n * D + i] += s * g[i] * w[i] - s * s * s / D * gwx * x[i];
+        }
+    }
+    // dw[i] = sum_n dout[n][i] * x[n][i] * s[n]; serial over n, so the order is fixed
+    for (size_t n = 0; n < N; n++) {
+        const real *x = inp + n * D, *g = dout + n * D;
+        for (int i = 0; i < D; i++) { dw[i] += g[i] * x[i] * rstd[n]; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// RoPE, rotate-half convention, applied to queries and keys after QK-norm.
+// cosv, sinv (T, HD/2): angle t * 10000^(-2i/HD) at position t.
+
+// out (B, T, nh, HD) = rotate(inp); out may equal inp
+void rope_forward(real *out, const real *inp, const real *cosv, const real *sinv, int B, int T, int nh, int HD) {
+    int half = HD / 2;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < nh; h++) {
+                size_t off = (((size_t)b * T + t) * nh + h) * HD;
+                for (int i = 0; i < half; i++) {
+                    real c = cosv[t * half + i], s = sinv[t * half + i];
+                    real x1 = inp[off + i], x2 = inp[off + i + half];
+                    out[off + i] = x1 * c - x2 * s;
+                    out[off + i + half] = x2 * c + x1 * s;
+                }
+            }
+        }
+    }
+}
+
+// dinp += rotate^T(dout): the rotation by -angle
+void rope_backward(real *dinp, const real *dout, const real *cosv, const real *sinv, int B, int T, int nh, int HD) {
+    int half = HD / 2;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < nh; h++) {
+                size_t off = (((size_t)b * T + t) * nh + h) * HD;
+                for (int i = 0; i < half; i++) {
+                    real c = cosv[t * half + i], s = sinv[t * half + i];
+                    real g1 = dout[off + i], g2 = dout[off + i + half];
+                    // out1 = x1 c - x2 s;  out2 = x2 c + x1 s
+                    dinp[off + i] += g1 * c + g2 * s;
+                    dinp[off + i + half] += g2 * c - g1 * s;
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Causal self-attention with grouped-query heads: query head h reads key/value
+// head h / (NH/NKV). Scores are scaled by 1/sqrt(HD).
+
+// out (B, T, NH, HD); att (B, NH, T, T) keeps the probabilities (row t, columns
+// 0..t); q (B, T, NH, HD); k, v (B, T, NKV, HD)
+void attention_forward(real *out, real *att, const real *q, const real *k, const real *v,
+                       int B, int T, int NH, int NKV, int HD) {
+    real scale = 1 / sqrt((real)HD);
+    int group = NH / NKV;
+    #pragma omp parallel for collapse(3)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const real *qt = q + (((size_t)b * T + t) * NH + h) * HD;
+                real *p = att + (((size_t)b * NH + h) * T + t) * T;
+                int kvh = h / group;
+                real maxv = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const real *kt = k + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                    real dot = 0;
+                    for (int i = 0; i < HD; i++) { dot += qt[i] * kt[i]; }
+                    p[t2] = dot * scale;
+                    if (p[t2] > maxv) { maxv = p[t2]; }
+                }
+                real sum = 0;
+                for (int t2 = 0; t2 <= t; t2++) { p[t2] = exp(p[t2] - maxv); sum += p[t2]; }
+                for (int t2 = 0; t2 <= t; t2++) { p[t2] /= sum; }
+                real *o = out + (((size_t)b * T + t) * NH + h) * HD;
+                for (int i = 0; i < HD; i++) { o[i] = 0; }
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const real *vt = v + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                    for (int i = 0; i < HD; i++) { o[i] += p[t2] * vt[i]; }
+                }
+            }
+        }
+    }
+}
+
+// dq (B, T, NH, HD), dk, dv (B, T, NKV, HD) += ... given dout (B, T, NH, HD)
+void attention_backward(real *dq, real *dk, real *dv, const real *dout, const real *att,
+                        const real *q, const real *k, const real *v, int B, int T, int NH, int NKV, int HD) {
+    real scale = 1 / sqrt((real)HD);
+    int group = NH / NKV;
+    // one task per (b, kv head): the query heads of a group all write dk and dv of that head
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int kvh = 0; kvh < NKV; kvh++) {
+            real *dp = (real *)malloc_check((size_t)T * sizeof(real));
+            for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                for (int t = 0; t < T; t++) {
+                    const real *p = att + (((size_t)b * NH + h) * T + t) * T;
+                    const real *g = dout + (((size_t)b * T + t) * NH + h) * HD;
+                    const real *qt = q + (((size_t)b * T + t) * NH + h) * HD;
+                    real *dqt = dq + (((size_t)b * T + t) * NH + h) * HD;
+                    // o = sum_t2 p[t2] v[t2]: dv[t2] += p[t2] g, dp[t2] = g . v[t2]
+                    real pdp = 0;
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        const real *vt = v + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                        real *dvt = dv + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                        real d = 0;
+                        for (int i = 0; i < HD; i++) { d += g[i] * vt[i]; dvt[i] += p[t2] * g[i]; }
+                        dp[t2] = d;
+                        pdp += p[t2] * d;
+                    }
+                    // p = softmax(score): dscore = p * (dp - sum p dp); score = scale * q . k
+                    for (int t2 = 0; t2 <= t; t2++) {
+                        real dsc = p[t2] * (dp[t2] - pdp) * scale;
+                        const real *kt = k + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                        real *dkt = dk + (((size_t)b * T + t2) * NKV + kvh) * HD;
+                        for (int i = 0; i < HD; i++) { dqt[i] += dsc * kt[i]; dkt[i] += dsc * qt[i]; }
+                    }
+                }
+            }
+            free(dp);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU: out = silu(g) * u, silu(z) = z * sigmoid(z). All tensors (N*F).
+
+void swiglu_forward(real *out, const real *g, const real *u, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        real sig = 1 / (1 + exp(-g[i]));
+        out[i] = g[i] * sig * u[i];
+    }
+}
+
+void swiglu_backward(real *dg, real *du, const real *dout, const real *g, const real *u, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
+        real sig = 1 / (1 + exp(-g[i]));
+        dg[i] += dout[i] * u[i] * sig * (1 + g[i] * (1 - sig));
+        du[i] += dout[i] * g[i] * sig;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Slots: out = a + b (b may be NULL: a plain copy). Writes slot j+1 from the
+// output of sublayer j (config.h explains the slots). Its backward is the
+// pass-through of dslots in model_backward.
+void residual_forward(real *out, const real *a, const real *b, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { out[i] = b ? a[i] + b[i] : a[i]; }
+}
+
+// ----------------------------------------------------------------------------
+// MHAR routing (SPEC section 4). A routing site reads n sources v_i (slots of
+// the slot buffer, listed in src), and per position and routing head h mixes
+// them with a softmax over depth:
+//   k_i    = gamma * r_i * v_i,      r_i = 1 / sqrt(|v_i|^2 / C + 1e-6)
+//   s[h,i] = sum_{c in head h} q[c] k_i[c]
+//   a[h,:] = softmax_i s[h,:]
+//   out[c] = sum_i a[h(c), i] v_i[c]
+// Head h owns channels [h*C/H, (h+1)*C/H). H = 1 is AttnRes.
+
+// r (N) = 1 / sqrt(|v|^2 / C + 1e-6) of a freshly written source v (N, C).
+// Computed once per source and reused by every later site.
+void source_stat_forward(real *r, const real *v, size_t N, int C) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        real ss = 0;
+        for (int c = 0; c < C; c++) { ss += v[n * C + c] * v[n * C + c]; }
+        r[n] = 1 / sqrt(ss / C + (real)1e-6);
+    }
+}
+
+// out (N, C): the routed mix; a (N, H, n): weights kept for backward.
+// slots (nslots, N, C), r (nslots, N); q, gamma (C) of this site.
+void route_forward(real *out, real *a, const real *slots, const real *r, const int *src, int n,
+                   const real *q, const real *gamma, size_t N, int C, int H) {
+    int HC = C / H;
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        real *at = a + t * H * n;
+        for (int h = 0; h < H; h++) {
+            real *s = at + (size_t)h * n, maxv = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                const real *vi = slots + ((size_t)src[i] * N + t) * C;
+                real dot = 0;
+                for (int c = h * HC; c < (h + 1) * HC; c++) { dot += q[c] * gamma[c] * vi[c]; }
+                s[i] = dot * r[(size_t)src[i] * N + t];
+                if (s[i] > maxv) { maxv = s[i]; }
+            }
+            real sum = 0;
+            for (int i = 0; i < n; i++) { s[i] = exp(s[i] - maxv); sum += s[i]; }
+            for (int i = 0; i < n; i++) { s[i] /= sum; }
+        }
+        real *o = out + t * C;
+        for (int c = 0; c < C; c++) { o[c] = 0; }
+        for (int i = 0; i < n; i++) {
+            const real *vi = slots + ((size_t)src[i] * N + t) * C;
+            for (int h = 0; h < H; h++) {
+                real ahi = at[(size_t)h * n + i];
+                for (int c = h * HC; c < (h + 1) * HC; c++) { o[c] += ahi * vi[c]; }
+            }
+        }
+    }
+}
+
+// Backward of one site, given dout = G (N, C): adds into the sources' gradients
+// dslots (nslots, N, C) and into dq, dgamma (C). ds (N, H, n) is scratch.
+void route_backward(real *dslots, real *dq, real *dgamma, real *ds, const real *dout, const real *a,
+                    const real *slots, const real *r, const int *src, int n, const real *q,
+                    const real *gamma, size_t N, int C, int H) {
+    int HC = C / H;
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        const real *G = dout + t * C, *at = a + t * H * n;
+        real *dst = ds + t * H * n;
+        // a = softmax(s): ds[h,i] = a[h,i] (p[h,i] - sum_k a[h,k] p[h,k]), p[h,i] = G[h] . v_i[h]
+        for (int h = 0; h < H; h++) {
+            real S = 0;
+            for (int i = 0; i < n; i++) {
+                const real *vi = slots + ((size_t)src[i] * N + t) * C;
+                real p = 0;
+                for (int c = h * HC; c < (h + 1) * HC; c++) { p += G[c] * vi[c]; }
+                dst[h * n + i] = p;
+                S += at[h * n + i] * p;
+            }
+            for (int i = 0; i < n; i++) { dst[h * n + i] = at[h * n + i] * (dst[h * n + i] - S); }
+        }
+        // s[h,i] = r_i sum_c q gamma v_i  and  out = sum_i a v_i:
+        // u_i = ds q gamma;  dv_i += r_i u_i - (r_i^3 / C)(u_i . v_i) v_i + a G
+        for (int i = 0; i < n; i++) {
+            const real *vi = slots + ((size_t)src[i] * N + t) * C;
+            real *dvi = dslots + ((size_t)src[i] * N + t) * C;
+            real ri = r[(size_t)src[i] * N + t], uv = 0;
+            for (int h = 0; h < H; h++) {
+                real dshi = dst[h * n + i];
+                for (int c = h * HC; c < (h + 1) * HC; c++) { uv += dshi * q[c] * gamma[c] * vi[c]; }
+            }
+            real k3 = ri * ri * ri / C * uv;
+            for (int h = 0; h < H; h++) {
+                real dshi = dst[h * n + i], ahi = at[h * n + i];
+                for (int c = h * HC; c < (h + 1) * HC; c++) {
+                    dvi[c] += ri * dshi * q[c] * gamma[c] - k3 * vi[c] + ahi * G[c];
+                }
+            }
+        }
+    }
+    // dq[c] += gamma[c] * sum_{t,i} ds[t,h(c),i] r_i v_i[c], and dgamma[c] the same with q[c].
+    // Tasks of up to 64 channels inside one head, serial over positions: a fixed summation order.
+    int nsub = (HC + 63) / 64;
+    #pragma omp parallel for
+    for (int task = 0; task < H * nsub; task++) {
+        int h = task / nsub, c0 = h * HC + (task % nsub) * 64;
+        int c1 = c0 + 64 < (h + 1) * HC ? c0 + 64 : (h + 1) * HC;
+        real acc[64] = {0};
+        for (size_t t = 0; t < N; t++) {
+            for (int i = 0; i < n; i++) {
+                const real *vi = slots + ((size_t)src[i] * N + t) * C;
+                real w = ds[(t * H + h) * n + i] * r[(size_t)src[i] * N + t];
+                for (int c = c0; c < c1; c++) { acc[c - c0] += w * vi[c]; }
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dq[c] += gamma[c] * acc[c - c0];
+            dgamma[c] += q[c] * acc[c - c0];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Classifier: softmax over the V real logits and cross-entropy with targets.
+
+// probs (N, V) = softmax(logits); losses (N) = -log probs[target]
+void crossentropy_forward(real *losses, real *probs, const real *logits, const int *targets, size_t N, int V) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real *x = logits + n * V;
+        real *p = probs + n * V, maxv = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) { if (x[i] > maxv) { maxv = x[i]; } }
+        for (int i = 0; i < V; i++) { p[i] = exp(x[i] - maxv); sum += p[i]; }
+        for (int i = 0; i < V; i++) { p[i] /= sum; }
+        losses[n] = -log(p[targets[n]]);
+    }
+}
+
+// dlogits (N, V) += (probs - onehot(target)) * dloss, dloss = d objective / d losses[n]
+void crossentropy_backward(real *dlogits, const real *probs, const int *targets, real dloss, size_t N, int V) {
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        for (int i = 0; i < V; i++) {
+            dlogits[n * V + i] += (probs[n * V + i] - (i == targets[n])) * dloss;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The model
+
+// Named views into one allocation, in checkpoint order (config.h's enum).
+typedef struct {
+    real *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+} ParamTensors;
+
+static void point_params(ParamTensors *p, real *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
+    real **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
+                                      &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg};
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
+}
+
+// Forward activations kept for backward, in one allocation. N = B*T positions,
+// J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
+#define NUM_ACT_TENSORS 20
+typedef struct {
+    real *slots;    // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
+    real *slot_r;   // (J, N)     r_i of each slot (mhar)
+    real *route_a;  // routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar)
+    real *h;        // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
+    real *ln;       // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
+    real *ln_rstd;  // (J, N)
+    real *qr;       // (L, N, QD)  Wq u, before QK-norm
+    real *kr;       // (L, N, KVD)
+    real *q;        // (L, N, QD)  after QK-norm and RoPE
+    real *k;        // (L, N, KVD)
+    real *v;        // (L, N, KVD)
+    real *q_rstd;   // (L, N, NH)
+    real *k_rstd;   // (L, N, NKV)
+    real *att;      // (L, B, NH, T, T)  attention probabilities
+    real *atty;     // (L, N, QD)  attention output before Wo
+    real *mg;       // (L, N, F)  gate pre-activation Wg u
+    real *mu;       // (L, N, F)  up projection Wu u
+    real *mh;       // (L, N, F)  silu(mg) * mu
+    real *out;      // (N, C)  output of the current sublayer (scratch)
+    real *logits;   // (N, V)
+} Acts;
+
+// Backward scratch and gradients of activations, in one allocation.
+#define NUM_GRAD_ACT_TENSORS 15
+typedef struct {
+    real *dslots;   // (J, N, C)  gradient of every slot; fp-accumulated across sites
+    real *dh;       // (N, C)  gradient of the routed input of the current site
+    real *dln;      // (N, C)  gradient of the normalised input u_j
+    real *datty;    // (N, QD)
+    real *dq, *dqn, *dqr;   // (N, QD)  grads of q after RoPE, after QK-norm, raw
+    real *dk, *dkn, *dkr;   // (N, KVD)
+    real *dv;       // (N, KVD)
+    real *dmh, *dmg, *dmu;  // (N, F)
+    real *dsc;      // (N, H, J)  routing score gradients of one site
+} GradActs;
+
+typedef struct {
+    Config cfg;
+    size_t sizes[NUM_PARAM_TENSORS];
+    size_t nparams;
+    ParamTensors params, grads;
+    real *params_mem, *grads_mem;
+    real *adam_m, *adam_v;          // AdamW state, allocated at the first update
+    int maxB, maxT;                 // activation buffers fit batches up to maxB x maxT
+    Acts acts;
+    GradActs gacts;
+    real *acts_mem, *gacts_mem;
+    real *probs;                    // (N, V) softmax of the logits
+    real *losses;                   // (N)
+    real *rope_cos, *rope_sin;      // (T, HD/2)
+    size_t *pair_off;               // (J+1) routing pairs before site j
+    int *inputs, *targets;          // the current batch (B, T)
+    int B, T;                       // shape of the last forward
+    real loss;                      // mean loss of the last forward with targets
+} Model;
+
+// Allocate parameters and gradients and set them to SPEC section 6's
+// initialisation. Activations come later, sized for the largest batch.
+void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    param_sizes(cfg, m->sizes);
+    m->nparams = param_count(cfg);
+    m->params_mem = (real *)malloc_check(m->nparams * sizeof(real));
+    m->grads_mem = (real *)calloc_check(m->nparams, sizeof(real));
+    point_params(&m->params, m->params_mem, m->sizes);
+    point_params(&m->grads, m->grads_mem, m->sizes);
+    float *init = (float *)malloc_check(m->nparams * sizeof(float));
+    params_init(init, cfg, seed, init_std);
+    for (size_t i = 0; i < m->nparams; i++) { m->params_mem[i] = init[i]; }
+    free(init);
+    int half = cfg->HD / 2;
+    m->rope_cos = (real *)malloc_check((size_t)cfg->T * half * sizeof(real));
+    m->rope_sin = (real *)malloc_check((size_t)cfg->T * half * sizeof(real));
+    for (int t = 0; t < cfg->T; t++) {
+        for (int i = 0; i < half; i++) {
+            double angle = t * pow(10000.0, -2.0 * i / cfg->HD);
+            m->rope_cos[t * half + i] = (real)cos(angle);
+            m->rope_sin[t * half + i] = (real)sin(angle);
+        }
+    }
+    int J = 2 * cfg->L + 1, src[1024];
+    m->pair_off = (size_t *)malloc_check((J + 1) * sizeof(size_t));
+    m->pair_off[0] = 0;
+    for (int j = 0; j < J; j++) { m->pair_off[j + 1] = m->pair_off[j] + site_sources(cfg, j, src); }
+}
+
+// Allocate activations for batches of up to B x T (once).
+static void model_alloc_acts(Model *m, int B, int T) {
+    const Config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
+    size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
+    int mhar = c->mode == RES_MHAR;
+    size_t pairs = mhar ? m->pair_off[J] : 0;
+    size_t asz[NUM_ACT_TENSORS] = {
+        J * N * C, mhar ? J * N : 0, pairs * N * c->H, mhar ? J * N * C : 0, J * N * C, J * N,
+        L * N * QD, L * N * KVD, L * N * QD, L * N * KVD, L * N * KVD, L * N * c->NH, L * N * c->NKV,
+        L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V};
+    real **aptr[NUM_ACT_TENSORS] = {
+        &m->acts.slots, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.ln, &m->acts.ln_rstd,
+        &m->acts.qr, &m->acts.kr, &m->acts.q, &m->acts.k, &m->acts.v, &m->acts.q_rstd, &m->acts.k_rstd,
+        &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits};
+    size_t total = 0;
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) { total += asz[i]; }
+    m->acts_mem = (real *)calloc_check(total, sizeof(real));
+    real *p = m->acts_mem;
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) { *aptr[i] = p; p += asz[i]; }
+
+    size_t gsz[NUM_GRAD_ACT_TENSORS] = {
+        J * N * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
+        N * F, N * F, N * F, mhar ? N * c->H * J : 0};
+    real **gptr[NUM_GRAD_ACT_TENSORS] = {
+        &m->gacts.dslots, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
+        &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
+        &m->gacts.dmg, &m->gacts.dmu, &m->gacts.dsc};
+    total = 0;
+    for (int i = 0; i < NUM_GRAD_ACT_TENSORS; i++) { total += gsz[i]; }
+    m->gacts_mem = (real *)calloc_check(total, sizeof(real));
+    p = m->gacts_mem;
+    for (int i = 0; i < NUM_GRAD_ACT_TENSORS; i++) { *gptr[i] = p; p += gsz[i]; }
+
+    m->probs = (real *)calloc_check(N * c->V, sizeof(real));
+    m->losses = (real *)calloc_check(N, sizeof(real));
+    m->inputs = (int *)calloc_check(N, sizeof(int));
+    m->targets = (int *)calloc_check(N, sizeof(int));
+    m->maxB = B; m->maxT = T;
+}
+
+// Attention sublayer of block l: out (N, C) = Wo attn(rope(qknorm(Wq u)), ...)
+static void attention_sublayer_forward(Model *m, int l, const real *u, real *out, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    ParamTensors *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD;
+    real *qr = a->qr + l * N * QD, *kr = a->kr + l * N * KVD;
+    real *q = a->q + l * N * QD, *k = a->k + l * N * KVD, *v = a->v + l * N * KVD;
+    real *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
+    real *att = a->att + l * B * c->NH * T * T, *atty = a->atty + l * N * QD;
+    matmul_forward(qr, u, p->wq + l * QD * C, N, C, QD);
+    matmul_forward(kr, u, p->wk + l * KVD * C, N, C, KVD);
+    matmul_forward(v, u, p->wv + l * KVD * C, N, C, KVD);
+    rmsnorm_forward(q, q_rstd, qr, p->qnw + l * HD, N * c->NH, HD);
+    rmsnorm_forward(k, k_rstd, kr, p->knw + l * HD, N * c->NKV, HD);
+    rope_forward(q, q, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
+    rope_forward(k, k, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    attention_forward(atty, att, q, k, v, B, T, c->NH, c->NKV, HD);
+    matmul_forward(out, atty, p->wo + l * C * QD, N, QD, C);
+}
+
+// dln (N, C) += gradient of the input u, given dout; weight grads +=
+static void attention_sublayer_backward(Model *m, int l, const real *u, const real *dout, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors *p = &m->params, *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD;
+    real *qr = a->qr + l * N * QD, *kr = a->kr + l * N * KVD;
+    real *q = a->q + l * N * QD, *k = a->k + l * N * KVD, *v = a->v + l * N * KVD;
+    real *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
+    real *att = a->att + l * B * c->NH * T * T, *atty = a->atty + l * N * QD;
+    memset(g->datty, 0, N * QD * sizeof(real));
+    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
+    memset(g->dq, 0, N * QD * sizeof(real));
+    memset(g->dk, 0, N * KVD * sizeof(real));
+    memset(g->dv, 0, N * KVD * sizeof(real));
+    attention_backward(g->dq, g->dk, g->dv, g->datty, att, q, k, v, B, T, c->NH, c->NKV, HD);
+    memset(g->dqn, 0, N * QD * sizeof(real));
+    memset(g->dkn, 0, N * KVD * sizeof(real));
+    rope_backward(g->dqn, g->dq, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
+    rope_backward(g->dkn, g->dk, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    memset(g->dqr, 0, N * QD * sizeof(real));
+    memset(g->dkr, 0, N * KVD * sizeof(real));
+    rmsnorm_backward(g->dqr, dp->qnw + l * HD, g->dqn, qr, q_rstd, p->qnw + l * HD, N * c->NH, HD);
+    rmsnorm_backward(g->dkr, dp->knw + l * HD, g->dkn, kr, k_rstd, p->knw + l * HD, N * c->NKV, HD);
+    matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD);
+    matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD);
+    matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD);
+}
+
+// MLP sublayer of block l: out (N, C) = Wd (silu(Wg u) * (Wu u))
+static void mlp_sublayer_forward(Model *m, int l, const real *u, real *out, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    ParamTensors *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, F = c->F;
+    real *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    matmul_forward(mg, u, p->wg + l * F * C, N, C, F);
+    matmul_forward(mu, u, p->wu + l * F * C, N, C, F);
+    swiglu_forward(mh, mg, mu, N * F);
+    matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
+}
+
+static void mlp_sublayer_backward(Model *m, int l, const real *u, const real *dout, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors *p = &m->params, *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, F = c->F;
+    real *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    memset(g->dmh, 0, N * F * sizeof(real));
+    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C);
+    memset(g->dmg, 0, N * F * sizeof(real));
+    memset(g->dmu, 0, N * F * sizeof(real));
+    swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
+    matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F);
+    matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F);
+}
+
+#define SLOT(j) (a->slots + (size_t)(j) * N * C)
+#define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
+
+// The input of sublayer j (j = 2L: of the final norm). std: the residual
+// stream x_j = slot j. mhar: route_j over the slots of site j's sources.
+static real *site_forward(Model *m, int j, size_t N) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    size_t C = c->C;
+    if (c->mode == RES_STD) { return SLOT(j); }
+    int src[1024];
+    int n = site_sources(c, j, src);
+    real *hj = a->h + (size_t)j * N * C;
+    route_forward(hj, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
+                  m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+    return hj;
+}
+
+// Where the norm backward of site j adds the gradient of its input: straight
+// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar).
+static real *site_dinput(Model *m, int j, size_t N) {
+    size_t C = m->cfg.C;
+    if (m->cfg.mode == RES_STD) { return DSLOT(j); }
+    memset(m->gacts.dh, 0, N * C * sizeof(real));
+    return m->gacts.dh;
+}
+
+static void site_backward(Model *m, int j, size_t N) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    size_t C = c->C;
+    if (c->mode == RES_STD) { return; }
+    int src[1024];
+    int n = site_sources(c, j, src);
+    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dsc, m->gacts.dh,
+                   a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
+                   m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+}
+
+// Forward pass on inputs (B, T). With targets, also the softmax, the per-position
+// losses and their mean in m->loss; without, it stops at the logits (sampling).
+void model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
+    const Config *c = &m->cfg;
+    if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
+    if (B > m->maxB || T > m->maxT || T > c->T) {
+        die("batch %dx%d exceeds the %dx%d the activations were sized for", B, T, m->maxB, m->maxT);
+    }
+    m->B = B; m->T = T;
+    Acts *a = &m->acts;
+    ParamTensors *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    int mhar = c->mode == RES_MHAR;
+    memcpy(m->inputs, inputs, N * sizeof(int));
+    encoder_forward(SLOT(0), inputs, p->wte, N, c->C);
+    if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
+    for (size_t j = 0; j < 2 * L; j++) {
+        size_t l = j / 2;
+        real *hj = site_forward(m, (int)j, N);
+        real *u = a->ln + j * N * C;
+        rmsnorm_forward(u, a->ln_rstd + j * N, hj, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C, N, c->C);
+        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, a->out, B, T); }
+        else { mlp_sublayer_forward(m, (int)l, u, a->out, B, T); }
+        // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
+        residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
+        if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
+    }
+    real *hf = site_forward(m, (int)(2 * L), N);
+    real *uf = a->ln + 2 * L * N * C;
+    rmsnorm_forward(uf, a->ln_rstd + 2 * L * N, hf, p->lnfw, N, c->C);
+    matmul_forward(a->logits, uf, p->wte, N, c->C, c->V);   // tied head: the V real rows of wte
+    if (targets == NULL) { return; }
+    memcpy(m->targets, targets, N * sizeof(int));
+    crossentropy_forward(m->losses, m->probs, a->logits, targets, N, c->V);
+    double sum = 0;
+    for (size_t n = 0; n < N; n++) { sum += m->losses[n]; }
+    m->loss = (real)(sum / N);
+}
+
+void model_zero_grad(Model *m) { memset(m->grads_mem, 0, m->nparams * sizeof(real)); }
+
+// Backward pass of the last forward; adds into m->grads. dloss scales each
+// position's loss: 1/(B*T) for the mean, divided again by the number of
+// accumulated micro-batches. The logits buffer is reused for dlogits.
+void model_backward(Model *m, real dloss) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors *p = &m->params, *dp = &m->grads;
+    int B = m->B, T = m->T;
+    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    memset(g->dslots, 0, (2 * L + 1) * N * C * sizeof(real));
+    // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
+    real *dlogits = a->logits;   // the logits are spent: reuse their buffer
+    memset(dlogits, 0, N * c->V * sizeof(real));
+    crossentropy_backward(dlogits, m->probs, m->targets, dloss, N, c->V);
+    real *uf = a->ln + 2 * L * N * C;
+    memset(g->dln, 0, N * C * sizeof(real));
+    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
+    // uf = rmsnorm(h_final; lnfw)
+    real *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
+    real *dhf = site_dinput(m, (int)(2 * L), N);
+    rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C);
+    site_backward(m, (int)(2 * L), N);
+    for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
+        size_t j = (size_t)jj, l = j / 2;
+        // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
+        real *dout = DSLOT(j + 1);
+        if (slot_chains(c, (int)j)) {
+            real *dprev = DSLOT(j);
+            for (size_t i = 0; i < N * C; i++) { dprev[i] += dout[i]; }
+        }
+        real *u = a->ln + j * N * C;
+        memset(g->dln, 0, N * C * sizeof(real));
+        if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, dout, B, T); }
+        else { mlp_sublayer_backward(m, (int)l, u, dout, B, T); }
+        // u = rmsnorm(h_j; g_j)
+        real *hj = c->mode == RES_STD ? SLOT(j) : a->h + j * N * C;
+        real *dhj = site_dinput(m, (int)j, N);
+        real *w = (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C, *dw = (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
+        rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C);
+        site_backward(m, (int)j, N);
+    }
+    // slot 0 = wte[inputs]
+    encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C);
+}
+
+#undef SLOT
+#undef DSLOT
+
+
+// ----------------------------------------------------------------------------
+// Optimisation: global gradient norm, AdamW, learning-rate schedule
+
+// L2 norm of all gradients. Fixed chunks summed in order: the same bits for
+// any number of threads.
+double grad_norm(const Model *m) {
+    const size_t chunk = 1 << 16;
+    size_t nchunks = (m->nparams + chunk - 1) / chunk;
+    double *part = (double *)calloc_check(nchunks, sizeof(double));
+    #pragma omp parallel for
+    for (size_t ci = 0; ci < nchunks; ci++) {
+        size_t end = (ci + 1) * chunk < m->nparams ? (ci + 1) * chunk : m->nparams;
+        double s = 0;
+        for (size_t i = ci * chunk; i < end; i++) { s += (double)m->grads_mem[i] * m->grads_mem[i]; }
+        part[ci] = s;
+    }
+    double total = 0;
+    for (size_t ci = 0; ci < nchunks; ci++) { total += part[ci]; }
+    free(part);
+    return sqrt(total);
+}
+
+// One AdamW step (decoupled weight decay on the matrices only, config.h) with
+// the gradients multiplied by gscale (gradient clipping). t counts steps from 1.
+void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float wd, float gscale, int t) {
+    if (m->adam_m == NULL) {
+        m->adam_m = (real *)calloc_check(m->nparams, sizeof(real));
+        m->adam_v = (real *)calloc_check(m->nparams, sizeof(real));
+    }
+    real bc1 = 1 - pow((real)beta1, (real)t), bc2 = 1 - pow((real)beta2, (real)t);
+    size_t off = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        real decay = param_is_decayed(ti) ? wd : 0;
+        #pragma omp parallel for
+        for (size_t i = off; i < off + m->sizes[ti]; i++) {
+            real g = m->grads_mem[i] * gscale;
+            real mi = beta1 * m->adam_m[i] + (1 - beta1) * g;
+            real vi = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
+            m->adam_m[i] = mi;
+            m->adam_v[i] = vi;
+            real update = (mi / bc1) / (sqrt(vi / bc2) + eps) + decay * m->params_mem[i];
+            m->params_mem[i] -= lr * update;
+        }
+        off += m->sizes[ti];
+    }
+}
+
+// Linear warmup to the peak, then cosine decay to lr_min_frac * peak at the last step.
+float lr_at(int step, int steps, int warmup, float peak, float lr_min_frac) {
+    if (step < warmup) { return peak * (step + 1) / warmup; }
+    float lo = peak * lr_min_frac;
+    if (steps - 1 <= warmup) { return peak; }
+    float progress = (float)(step - warmup) / (float)(steps - 1 - warmup);
+    return lo + 0.5f * (1.0f + cosf(3.14159265358979f * progress)) * (peak - lo);
+}
+
+// ----------------------------------------------------------------------------
+// Checkpoints (format in common/checkpoint.h). Tensors are stored as float32
+// whatever `real` is here.
+
+static void write_reals(FILE *f, const real *x, size_t n, int elem, const char *path) {
+    if ((size_t)elem == sizeof(real)) { fwrite_check(x, sizeof(real), n, f, path); return; }
+    const size_t chunk = 1 << 16;
+    void *buf = malloc_check(chunk * 8);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        for (size_t j = 0; j < k; j++) {
+            if (elem == 4) { ((float *)buf)[j] = (float)x[i + j]; } else { ((double *)buf)[j] = (double)x[i + j]; }
+        }
+        fwrite_check(buf, elem, k, f, path);
+    }
+    free(buf);
+}
+
+static void read_reals(FILE *f, real *x, size_t n, int elem, const char *path) {
+    if ((size_t)elem == sizeof(real)) { fread_check(x, sizeof(real), n, f, path); return; }
+    const size_t chunk = 1 << 16;
+    void *buf = malloc_check(chunk * 8);
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        fread_check(buf, elem, k, f, path);
+        for (size_t j = 0; j < k; j++) {
+            x[i + j] = elem == 4 ? (real)((float *)buf)[j] : (real)((double *)buf)[j];
+        }
+    }
+    free(buf);
+}
+
+// Save parameters (content CKPT_PARAMS), parameters + AdamW state (CKPT_TRAIN),
+// or the gradients (CKPT_GRADS), via path.tmp and a rename.
+void model_save(const Model *m, const char *path, CkptInfo info) {
+    char tmp[4096];
+    FILE *f = ckpt_begin_write(path, tmp);
+    int header[CKPT_HEADER_INTS];
+    if (info.elem == 0) { info.elem = 4; }
+    ckpt_header_make(header, &m->cfg, &info);
+    fwrite_check(header, sizeof(int), CKPT_HEADER_INTS, f, tmp);
+    write_reals(f, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem, m->nparams, info.elem, tmp);
+    if (info.content == CKPT_TRAIN) {
+        if (m->adam_m == NULL) { die("internal: saving optimizer state before the first step"); }
+        write_reals(f, m->adam_m, m->nparams, info.elem, tmp);
+        write_reals(f, m->adam_v, m->nparams, info.elem, tmp);
+    }
+    ckpt_end_write(f, tmp, path);
+}
+
+// Load a checkpoint into a model built with the same config (dies on any
+// mismatch). Loads AdamW state too when the file has it.
+void model_load(Model *m, const char *path, CkptInfo *info) {
+    Config fc;
+    FILE *f = ckpt_open_read(path, &fc, info);
+    ckpt_check_config(path, &fc, &m->cfg);
+    if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
+    read_reals(f, m->params_mem, m->nparams, info->elem, path);
+    if (info->content == CKPT_TRAIN) {
+        if (m->adam_m == NULL) {
+            m->adam_m = (real *)calloc_check(m->nparams, sizeof(real));
+            m->adam_v = (real *)calloc_check(m->nparams, sizeof(real));
+        }
+        read_reals(f, m->adam_m, m->nparams, info->elem, path);
+        read_reals(f, m->adam_v, m->nparams, info->elem, path);
+    }
+    fclose(f);
+}
+
+// ----------------------------------------------------------------------------
+// Sampling: start from the EOT token and draw from the softmax, one token at a
+// time; each step reruns the model on the prefix (simple, not fast).
+
+void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint64_t *rng) {
+    const Config *c = &m->cfg;
+    int *seq = (int *)malloc_check((size_t)(len + 1) * sizeof(int));
+    seq[0] = eot;
+    printf("--- sample ---\n");
+    for (int t = 1; t <= len; t++) {
+        model_forward(m, seq, NULL, 1, t);
+        const real *logits = m->acts.logits + (size_t)(t - 1) * c->V;
+        real maxv = -INFINITY;
+        for (int i = 0; i < c->V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
+        double sum = 0;
+        for (int i = 0; i < c->V; i++) { sum += exp((double)(logits[i] - maxv)); }
+        double coin = rng_f32(rng) * sum, cdf = 0;
+        int next = c->V - 1;
+        for (int i = 0; i < c->V; i++) {
+            cdf += exp((double)(logits[i] - maxv));
+            if (coin < cdf) { next = i; break; }
+        }
+        seq[t] = next;
+        if (tok != NULL) {
+            size_t n = 0;
+            const unsigned char *bytes = tokenizer_decode(tok, (uint32_t)next, &n);
+            if (bytes != NULL) { fwrite(bytes, 1, n, stdout); }
+        } else {
+            printf("%d ", next);
+        }
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
+    free(seq);
+}
+
+// mean loss over n batches of a loader (from its start)
+static float evaluate(Model *m, DataLoader *dl, int n) {
+    dataloader_reset(dl);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next(dl);
+        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T);
+        sum += m->loss;
+    }
+    return (float)(sum / n);
+}
+
+void model_free(Model *m) {
+    free(m->params_mem); free(m->grads_mem); free(m->adam_m); free(m->adam_v);
+    free(m->acts_mem); free(m->gacts_mem); free(m->probs); free(m->losses);
+    free(m->rope_cos); free(m->rope_sin); free(m->pair_off); free(m->inputs); free(m->targets);
+}
+
+#ifdef TESTING
+// Move every parameter away from its initialisation (used by test_mhar.c and
+// dev/mhar_grads.c), so that gradient checks exercise every path: matrices
+// N(0, 0.3^2), norm weights and gammas 1 + N(0, 0.2^2), routing queries N(0, 1).
+void model_randomize(Model *m, uint64_t seed) {
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 7;
+    real *p = m->params_mem;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        for (size_t i = 0; i < m->sizes[ti]; i++) {
+            double z = rng_normal(&rng);
+            if (ti == P_RQ) { p[i] = (real)z; }
+            else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
+                p[i] = (real)(1 + 0.2 * z);
+            } else { p[i] = (real)(0.3 * z); }
+        }
+        p += m->sizes[ti];
+    }
+}
+#endif
+
+// ----------------------------------------------------------------------------
+// Training loop
+#ifndef TESTING
+int main(int argc, char **argv) {
+    TrainArgs args;
+    args_parse(&args, argc, argv);
+    Config *cfg = &args.cfg;
+    int B = args.B, T = cfg->T;
+    int accum = (int)(args.total_batch / ((long)B * T));
+
+    Model model;
+    model_build(&model, cfg, args.seed, args.init_std);
+    CkptInfo state = {0};
+    state.rng = args.seed ^ 0xA5A5A5A5ull;
+    if (args.resume[0] != '\0') {
+        model_load(&model, args.resume, &state);
+        if (state.content != CKPT_TRAIN) {
+            die("%s holds no optimizer state (content %d); resume needs a training checkpoint", args.resume, state.content);
+        }
+        printf("resumed from %s at step %d\n", args.resume, state.step);
+    }
+    config_print(cfg, stdout);
+    size_t np = model.nparams;
+    printf("parameters: %zu (%.2fM)\n", np, np / 1e6);
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("batch: %d x %d tokens, %d micro-batches per step = %ld tokens; %d steps; %d threads\n",
+           B, T, accum, args.total_batch, args.steps, threads);
+
+    DataLoader train, val;
+    dataloader_init(&train, args.train_glob, B, T, cfg->V);
+    if (args.resume[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.resume); }
+    int have_val = args.val_glob[0] != '\0' && args.val_every > 0;
+    if (have_val) { dataloader_init(&val, args.val_glob, B, T, cfg->V); }
+    Tokenizer tokenizer;
+    int have_tok = args.tokenizer[0] != '\0';
+    int eot = cfg->V > 50256 ? 50256 : 0;   // GPT-2's end-of-text, when no tokenizer says otherwise
+    if (have_tok) {
+        tokenizer_init(&tokenizer, args.tokenizer);
+        eot = (int)tokenizer_eot(&tokenizer);
+    }
+    if (args.out_dir[0] != '\0') { mkdir(args.out_dir, 0755); }
+    Logger logger;
+    logger_init(&logger, args.out_dir, args.resume[0] != '\0');
+
+    for (int step = state.step; step < args.steps; step++) {
+        int last = step == args.steps - 1;
+        double t0 = wall_ms();
+        model_zero_grad(&model);
+        double loss = 0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next(&train);
+            model_forward(&model, train.inputs, train.targets, B, T);
+            model_backward(&model, (real)(1.0 / ((double)B * T * accum)));
+            loss += model.loss;
+        }
+        loss /= accum;
+        double norm = grad_norm(&model);
+        float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
+        float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
+        adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
+        double ms = wall_ms() - t0;
+        double tok_s = args.total_batch / (ms / 1e3);
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
+               step + 1, args.steps, loss, lr, norm, ms, tok_s);
+        logger_train(&logger, step + 1, (float)loss, lr, (float)norm, ms, tok_s);
+
+        if (have_val && ((step + 1) % args.val_every == 0 || last)) {
+            float vl = evaluate(&model, &val, args.val_batches);
+            printf("step %5d | val loss %.6f\n", step + 1, vl);
+            logger_val(&logger, step + 1, vl);
+        }
+        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
+            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
+        }
+        if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/ckpt_%06d.bin", args.out_dir, step + 1);
+            CkptInfo info = {0};
+            info.content = CKPT_TRAIN; info.step = step + 1; info.shard = train.shard; info.pos = train.pos;
+            info.rng = state.rng; info.elem = 4;
+            model_save(&model, path, info);
+            printf("saved %s\n", path);
+        }
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("done: peak RSS %.1f MiB\n", ru.ru_maxrss / 1024.0);
+    logger_free(&logger);
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    if (have_tok) { tokenizer_free(&tokenizer); }
+    model_free(&model);
+    return 0;
+}
+#endif

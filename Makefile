@@ -9,7 +9,7 @@ CC ?= gcc
 NATIVE := $(shell $(CC) -march=native -x c -E /dev/null >/dev/null 2>&1 && echo -march=native)
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null >/dev/null 2>&1 && echo -fopenmp)
 CFLAGS ?= -O3 $(NATIVE) -Wall -Wextra -Wno-unused-function
-CFLAGS += $(OPENMP)
+CFLAGS += $(if $(OPENMP),$(OPENMP),-Wno-unknown-pragmas)
 LDLIBS = -lm
 HEADERS = $(wildcard common/*.h)
 
@@ -20,11 +20,15 @@ train_mhar: train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 # the test compiles the trainer in double precision for finite differences
+# (with nvcc: plus the GPU checks, linking train_mhar.cu's objects; see the CUDA section below)
 test_mhar: test_mhar.c train_mhar.c $(HEADERS)
-	$(CC) $(CFLAGS) -DMHAR_REAL=double -o $@ $< $(LDLIBS)
+	$(CC) $(CFLAGS) -DMHAR_REAL=double $(GPU_TEST_CFLAGS) -o $@ $< $(GPU_TEST_OBJS) $(LDLIBS) $(GPU_TEST_LIBS)
 
 dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMHAR_REAL=double -I. -o $@ $< $(LDLIBS)
+
+dev/route_probe: dev/route_probe.c train_mhar.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
 dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
@@ -33,11 +37,12 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference check of the hand-written
-# gradients, and test_mhar last (its final line is the summary).
-test: deps train_mhar test_mhar dev/mhar_grads
+# gradients, the plots and the routing probe, and test_mhar last (its final line is the summary).
+test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
 	/usr/bin/python3 dev/torch_ref/check_grads.py
+	bash dev/test_plots.sh
 	./test_mhar
 
 deps:
@@ -51,4 +56,48 @@ quickstart: train_mhar
 	bash dev/quickstart.sh
 
 clean:
-	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul
+	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe
+
+# ---------------------------------------------------------------------------
+# CUDA trainer (train_mhar.cu) and the GPU checks of test_mhar, built where nvcc
+# is found; elsewhere every rule above works unchanged and test_mhar prints
+# "SKIP GPU checks: built without nvcc".
+#   make train_mhar_cu        bf16 mixed precision (the default for training)
+#   make train_mhar_cu_fp32   fp32 throughout, for verification
+#   make GPU_ARCH=sm_80 ...   another GPU (default sm_90a: H100/H200)
+NVCC ?= nvcc
+GPU_ARCH ?= sm_90a
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo yes)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+# -diag-suppress 177: functions unused in one precision or in the -DTESTING objects
+NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function
+CUDA_LDLIBS = -lcublas -lcudart
+GPU_BINS = train_mhar_cu train_mhar_cu_fp32
+GPU_OBJS = train_mhar_gpu_fp32.o train_mhar_gpu_bf16.o
+
+.PHONY: clean-cuda
+ifeq ($(HAVE_NVCC),yes)
+GPU_TEST_OBJS = $(GPU_OBJS)
+GPU_TEST_CFLAGS = -DMHAR_GPU
+GPU_TEST_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(CUDA_LDLIBS) -lstdc++
+all: $(GPU_BINS)
+test_mhar: $(GPU_TEST_OBJS)
+test: $(GPU_BINS)
+endif
+
+train_mhar_cu: train_mhar.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
+
+train_mhar_cu_fp32: train_mhar.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -DPRECISION_FP32 -o $@ $< $(CUDA_LDLIBS)
+
+# the CUDA trainer without main, exporting mhar_gpu_<precision>_* (common/gpu_api.h)
+train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -DTESTING -DPRECISION_FP32 -c -o $@ $<
+
+train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
+
+clean: clean-cuda
+clean-cuda:
+	rm -f $(GPU_BINS) $(GPU_OBJS)

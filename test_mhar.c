@@ -381,7 +381,7 @@ static void check_trainer_binary(void) {
 
     // bad input: a non-zero exit and one line naming the problem
     struct { const char *what, *args, *expect; } bad[6];
-    char truncated[512], badmagic[512], a0[512], a1[512], a2[512], a3[512], a4[512], a5[512];
+    char truncated[512], badmagic[512], a0[1024], a1[1024], a2[1024], a3[1024], a4[1024], a5[1024];
     snprintf(truncated, sizeof(truncated), "%s/trunc.bin", tmpdir);
     write_shard(truncated, tok, 3000, 20240520, 1);
     if (truncate(truncated, 1024 + 2 * 2000) != 0) { die("cannot truncate %s", truncated); }
@@ -406,10 +406,241 @@ static void check_trainer_binary(void) {
         check(rc != 0 && strstr(err, bad[i].expect) != NULL && count_lines(err) == 1,
               "bad input (%s): exit %d, \"%.*s\"", bad[i].what, rc, nl ? (int)(nl - err) : (int)strlen(err), err);
     }
+    // the uint32 shard variant (magic 20240801, version 7) yields the same batches as uint16
+    {
+        uint32_t *tok32 = (uint32_t *)malloc_check(3000 * sizeof(uint32_t));
+        for (int i = 0; i < 3000; i++) { tok32[i] = tok[i]; }
+        char p16[512], p32[512];
+        snprintf(p16, sizeof(p16), "%s/u16.bin", tmpdir);
+        snprintf(p32, sizeof(p32), "%s/u32.bin", tmpdir);
+        write_shard(p16, tok, 3000, 20240520, 1);
+        FILE *f = fopen_check(p32, "wb");
+        int header[256] = {0};
+        header[0] = 20240801; header[1] = 7; header[2] = 3000;
+        fwrite_check(header, sizeof(int), 256, f, p32);
+        fwrite_check(tok32, sizeof(uint32_t), 3000, f, p32);
+        fclose(f);
+        DataLoader d16, d32;
+        dataloader_init(&d16, p16, 4, 16, 61);
+        dataloader_init(&d32, p32, 4, 16, 61);
+        int same = 1;
+        for (int b = 0; b < 50 && same; b++) {   // 50 batches of 64 tokens: wraps around the 3000-token shard
+            dataloader_next(&d16);
+            dataloader_next(&d32);
+            same = memcmp(d16.inputs, d32.inputs, 64 * sizeof(int)) == 0 &&
+                   memcmp(d16.targets, d32.targets, 64 * sizeof(int)) == 0 && d16.inputs[0] == tok[d16.pos - 64];
+        }
+        check(same, "uint16 and uint32 shards give the same 50 batches, wrapping at the end of the shard");
+        dataloader_free(&d16);
+        dataloader_free(&d32);
+        free(tok32);
+    }
     free(tok);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
+
+// ----------------------------------------------------------------------------
+// 4. The CUDA trainer (train_mhar.cu) against this CPU reference
+//
+// Built when nvcc is present (the Makefile adds -DMHAR_GPU and links the fp32
+// and bf16 objects of train_mhar.cu, see common/gpu_api.h). The same tiny
+// config and batch run here in float64 and on the GPU in fp32 and in bf16:
+// loss, logits and the gradient of every parameter tensor, then 10 AdamW steps
+// with matching losses; then the GPU trainer binaries: bit-identical reruns,
+// the CPU's losses in fp32, and checkpoints that each trainer resumes from the
+// other's.
+//
+// Errors are relative to the size of the reference: max |gpu - cpu| over a
+// tensor divided by max |cpu| over that tensor (elementwise ratios blow up on
+// entries near zero). The config has T = 40 > 32, so attention crosses a tile
+// boundary of the GPU kernels, GQA (NH=4, NKV=2), and L = 3, so block mode
+// S = 4 has a partial block at the final site.
+#ifdef MHAR_GPU
+#include "common/gpu_api.h"
+
+typedef struct {
+    const char *name;
+    void *(*create)(const Config *, const float *, int, int);
+    double (*forward_backward)(void *, const int *, const int *, int, int, float *, float *);
+    double (*train_step)(void *, const int *, const int *, int, int, float, float, float, float, float, float, int,
+                         double *);
+    void (*free)(void *);
+    // Tolerances. fp32: GPU fp32 against the float64 CPU; measured worst values
+    // on an H200 (CUDA 13.0): see the report line each check prints.
+    double tol_fwd, tol_grad, tol_train;
+} GpuPrecision;
+
+static Config gpu_test_config(int mode, int H, int S) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 77; c.T = 40; c.L = 3; c.C = 32; c.NH = 4; c.NKV = 2; c.F = 48;
+    c.mode = mode; c.H = H; c.S = S;
+    config_finalize(&c, "gpu test");
+    return c;
+}
+
+// max |g - c| / max |c| over n entries
+static double rel_err(const float *g, const real *c, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)g[i] - (double)c[i]));
+        den = fmax(den, fabs((double)c[i]));
+    }
+    return num / fmax(den, 1e-30);
+}
+
+static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P) {
+    int B = 2, T = cfg.T;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 2024;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+
+    // one forward and backward from randomized parameters, rounded to float32 for both sides
+    Model m;
+    model_build(&m, &cfg, 42, 0.02f);
+    model_randomize(&m, 4321);
+    float *pf = (float *)malloc_check(m.nparams * sizeof(float));
+    for (size_t i = 0; i < m.nparams; i++) { pf[i] = (float)m.params_mem[i]; m.params_mem[i] = pf[i]; }
+    void *g = P->create(&cfg, pf, B, T);
+    float *glogits = (float *)malloc_check(N * cfg.V * sizeof(float));
+    float *ggrads = (float *)malloc_check(m.nparams * sizeof(float));
+    double gloss = P->forward_backward(g, in, tg, B, T, glogits, ggrads);
+    model_zero_grad(&m);
+    model_forward(&m, in, tg, B, T);
+    double closs = m.loss;
+    double lerr = fabs(gloss - closs) / fabs(closs);
+    double gerr_logits = rel_err(glogits, m.acts.logits, N * cfg.V);   // before backward reuses the buffer
+    model_backward(&m, (real)(1.0 / N));
+    double worst = 0;
+    const char *worst_name = "-";
+    size_t off = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        if (m.sizes[ti] > 0) {
+            double e = rel_err(ggrads + off, m.grads_mem + off, m.sizes[ti]);
+            if (e > worst) { worst = e; worst_name = param_names[ti]; }
+        }
+        off += m.sizes[ti];
+    }
+    check(lerr < P->tol_fwd && gerr_logits < P->tol_fwd && worst < P->tol_grad,
+          "GPU %s %-10s loss %.6f vs %.6f (rel %.1e), logits rel %.1e, worst gradient %s rel %.1e (tol %.0e / %.0e)",
+          P->name, name, gloss, closs, lerr, gerr_logits, worst_name, worst, P->tol_fwd, P->tol_grad);
+    P->free(g);
+    model_free(&m);
+
+    // 10 training steps from the initialisation, a new batch each step
+    Model c;
+    model_build(&c, &cfg, 42, 0.02f);
+    for (size_t i = 0; i < c.nparams; i++) { pf[i] = (float)c.params_mem[i]; }   // params_init's float32 bits
+    g = P->create(&cfg, pf, B, T);
+    double terr = 0, lastc = 0, lastg = 0, firstc = 0;
+    for (int step = 0; step < 10; step++) {
+        random_tokens(in, N, cfg.V, &rng);
+        for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % cfg.V; }   // learnable: target = f(token)
+        float lr = lr_at(step, 10, 3, 1e-2f, 0.1f);
+        double gn = 0;
+        lastg = P->train_step(g, in, tg, B, T, lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step + 1, &gn);
+        model_zero_grad(&c);
+        model_forward(&c, in, tg, B, T);
+        model_backward(&c, (real)(1.0 / N));
+        double norm = grad_norm(&c);
+        float gscale = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
+        adamw_update(&c, lr, 0.9f, 0.95f, 1e-8f, 0.1f, gscale, step + 1);
+        lastc = c.loss;
+        if (step == 0) { firstc = lastc; }
+        terr = fmax(terr, fabs(lastg - lastc) / fabs(lastc));
+    }
+    check(terr < P->tol_train && lastc < firstc,
+          "GPU %s %-10s 10 AdamW steps: loss %.6f -> %.6f (GPU %.6f), worst step rel %.1e (tol %.0e)",
+          P->name, name, firstc, lastc, lastg, terr, P->tol_train);
+    P->free(g);
+    model_free(&c);
+    free(pf); free(glogits); free(ggrads); free(in); free(tg);
+}
+
+// The GPU trainer binaries, run as subprocesses on the learnable data of section 3.
+static void check_gpu_trainer_binaries(void) {
+    if (access("./train_mhar_cu", X_OK) != 0 || access("./train_mhar_cu_fp32", X_OK) != 0 || access("./train_mhar", X_OK) != 0) {
+        check(0, "./train_mhar, ./train_mhar_cu and ./train_mhar_cu_fp32 exist (make train_mhar train_mhar_cu train_mhar_cu_fp32)");
+        return;
+    }
+    char cmd[4096], path[512];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_gpu_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    free(tok);
+    const char *flags = "-preset test -V 61 -r mhar -H 2 -S 2 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -j '' -n 20 -ckpt_every 10";
+    const char *bins[4] = {"./train_mhar_cu", "./train_mhar_cu", "./train_mhar_cu_fp32", "./train_mhar"};
+    const char *dirs[4] = {"bf16a", "bf16b", "fp32", "cpu"};
+    char l[4][64][32];
+    int nl[4], rc = 0;
+    for (int r = 0; r < 4; r++) {
+        snprintf(cmd, sizeof(cmd), "%s %s -i %s/train.bin -o %s/%s", bins[r], flags, tmpdir, tmpdir, dirs[r]);
+        rc |= run_cmd(cmd, NULL, 0);
+        snprintf(path, sizeof(path), "%s/%s/log.txt", tmpdir, dirs[r]);
+        nl[r] = read_losses(path, l[r], 64);
+    }
+    int same = rc == 0 && nl[0] == 20 && nl[1] == 20;
+    for (int i = 0; same && i < 20; i++) { same = strcmp(l[0][i], l[1][i]) == 0; }
+    check(same, "GPU bf16 trainer: two runs with the same seed give bit-identical losses (step 20: %s vs %s)",
+          nl[0] == 20 ? l[0][19] : "?", nl[1] == 20 ? l[1][19] : "?");
+    // fp32 GPU against the float32 CPU trainer: same init bits, batches, schedule and clipping
+    double worst = nl[2] == 20 && nl[3] == 20 ? 0 : 1;
+    for (int i = 0; i < 20 && nl[2] == 20 && nl[3] == 20; i++) {
+        worst = fmax(worst, fabs(atof(l[2][i]) - atof(l[3][i])) / fabs(atof(l[3][i])));
+    }
+    check(rc == 0 && worst < 1e-3, "GPU fp32 trainer follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
+          nl[2] == 20 ? l[2][19] : "?", nl[3] == 20 ? l[3][19] : "?", worst);
+    // checkpoints cross over: the GPU resumes from the CPU's step-10 file and vice versa
+    char x[2][64][32];
+    int nx[2];
+    snprintf(cmd, sizeof(cmd), "./train_mhar_cu_fp32 %s -i %s/train.bin -o %s/x0 -resume %s/cpu/ckpt_000010.bin", flags, tmpdir, tmpdir, tmpdir);
+    rc = run_cmd(cmd, NULL, 0);
+    snprintf(cmd, sizeof(cmd), "./train_mhar %s -i %s/train.bin -o %s/x1 -resume %s/fp32/ckpt_000010.bin", flags, tmpdir, tmpdir, tmpdir);
+    rc |= run_cmd(cmd, NULL, 0);
+    snprintf(path, sizeof(path), "%s/x0/log.txt", tmpdir);
+    nx[0] = read_losses(path, x[0], 64);
+    snprintf(path, sizeof(path), "%s/x1/log.txt", tmpdir);
+    nx[1] = read_losses(path, x[1], 64);
+    worst = nx[0] == 10 && nx[1] == 10 && nl[3] == 20 && nl[2] == 20 ? 0 : 1;
+    for (int i = 0; i < 10 && worst < 1; i++) {
+        worst = fmax(worst, fabs(atof(x[0][i]) - atof(l[3][10 + i])) / fabs(atof(l[3][10 + i])));
+        worst = fmax(worst, fabs(atof(x[1][i]) - atof(l[2][10 + i])) / fabs(atof(l[2][10 + i])));
+    }
+    check(rc == 0 && worst < 1e-3, "checkpoints cross over: GPU fp32 resumed from the CPU's step 10 and CPU from the GPU's "
+          "continue like the runs that saved them (worst rel %.1e)", worst);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
+static void check_gpu(void) {
+    char why[256] = "";
+    if (mhar_gpu_fp32_device_check(why, sizeof(why)) == 0) {
+        printf("SKIP GPU checks: no CUDA device (%s)\n", why);
+        return;
+    }
+    printf("== 4. the CUDA trainer against this reference ==\n");
+    GpuPrecision precs[2] = {
+        {"fp32", mhar_gpu_fp32_create, mhar_gpu_fp32_forward_backward, mhar_gpu_fp32_train_step, mhar_gpu_fp32_free,
+         1e-5, 1e-5, 1e-5},
+        {"bf16", mhar_gpu_bf16_create, mhar_gpu_bf16_forward_backward, mhar_gpu_bf16_train_step, mhar_gpu_bf16_free,
+         5e-2, 1e-1, 5e-2},
+    };
+    for (int p = 0; p < 2; p++) {
+        check_gpu_model("std", gpu_test_config(RES_STD, 1, 1), &precs[p]);
+        check_gpu_model("attnres", gpu_test_config(RES_MHAR, 1, 1), &precs[p]);
+        check_gpu_model("mhar H=8", gpu_test_config(RES_MHAR, 8, 1), &precs[p]);
+        check_gpu_model("block S=4", gpu_test_config(RES_MHAR, 4, 4), &precs[p]);
+    }
+    check_gpu_trainer_binaries();
+}
+#endif
 
 int main(void) {
     printf("== 1. gradients vs central differences (float64 build) ==\n");
@@ -430,6 +661,12 @@ int main(void) {
 
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();
+
+#ifdef MHAR_GPU
+    check_gpu();
+#else
+    printf("SKIP GPU checks: built without nvcc\n");
+#endif
 
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;

@@ -492,7 +492,7 @@ void crossentropy_forward(real *losses, real *probs, const real *logits, const i
         for (int i = 0; i < V; i++) { if (x[i] > maxv) { maxv = x[i]; } }
         for (int i = 0; i < V; i++) { p[i] = exp(x[i] - maxv); sum += p[i]; }
         for (int i = 0; i < V; i++) { p[i] /= sum; }
-        losses[n] = -log(p[targets[n]]);
+        losses[n] = log(sum) - (x[targets[n]] - maxv);   // -log p[target], finite even if p underflows
     }
 }
 
@@ -1104,7 +1104,7 @@ int main(int argc, char **argv) {
         tokenizer_init(&tokenizer, args.tokenizer);
         eot = (int)tokenizer_eot(&tokenizer);
     }
-    if (args.out_dir[0] != '\0') { mkdir(args.out_dir, 0755); }
+    if (args.out_dir[0] != '\0') { mkdir_p(args.out_dir); }
     Logger logger;
     logger_init(&logger, args.out_dir, args.resume[0] != '\0');
 

@@ -61,7 +61,7 @@ static void args_usage(const char *prog) {
     fprintf(stderr,
         "usage: %s [flags]   (every flag takes one value)\n"
         "model:\n"
-        "  -preset NAME   shape preset: test, tiny (default), 100m; later flags override it\n"
+        "  -preset NAME   shape preset: test, tiny (default), 100m, 350m, 1b; later flags override it\n"
         "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
         "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1)\n"
         "  -H N           routing heads of mhar, must divide C (default 4)\n"

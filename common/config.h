@@ -28,6 +28,11 @@ static const Preset presets[] = {
     {"test", 2, 32, 4, 2, 48, 16},          // unit tests
     {"tiny", 4, 128, 4, 2, 384, 128},       // README quick start on a laptop CPU
     {"100m", 12, 512, 8, 4, 1536, 2048},    // the paper's 100M model
+    // Larger scales. SPEC gives only T=1024 for them; these Qwen3-like shapes
+    // are our choice (HD = 64 and 128), sized to 350M and 1.0B parameters
+    // with GPT-2's vocabulary.
+    {"350m", 24, 1024, 16, 8, 3072, 1024},
+    {"1b", 18, 2048, 16, 8, 6144, 1024},
 };
 
 static void config_apply_preset(Config *c, const char *name) {
@@ -38,7 +43,7 @@ static void config_apply_preset(Config *c, const char *name) {
             return;
         }
     }
-    die("unknown preset '%s' (-preset); use one of: test, tiny, 100m", name);
+    die("unknown preset '%s' (-preset); use one of: test, tiny, 100m, 350m, 1b", name);
 }
 
 static const char *config_mode_name(const Config *c) {

@@ -79,3 +79,21 @@ static double rng_normal(uint64_t *state) {
     double u2 = rng_u32(state) / 4294967296.0;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
+
+// mkdir -p: create dir and any missing parents; dies naming the path on failure
+#include <sys/stat.h>
+static void mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char *p = path + 1; ; p++) {
+        if (*p == '/' || *p == '\0') {
+            char keep = *p;
+            *p = '\0';
+            if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+                die("cannot create directory %s: %s (-o)", path, strerror(errno));
+            }
+            *p = keep;
+            if (keep == '\0') { break; }
+        }
+    }
+}

@@ -22,6 +22,7 @@ machine. Prints one line:
 
 #include "bpe.h"
 
+// monotonic clock in seconds
 static double now_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -60,6 +61,7 @@ static size_t run_parallel(const BPE *bpe, const unsigned char *text, const size
     return total;
 }
 
+// loads the text, times one-core and all-core encoding, prints one line of figures
 int main(int argc, char **argv) {
     const char *vocab = "data/vocab/r50k_base.tiktoken", *path = NULL;
     double seconds = 2.0;

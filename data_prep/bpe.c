@@ -16,12 +16,14 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
+// calloc that exits with a message when memory runs out
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) { fprintf(stderr, "error: out of memory allocating %zu bytes\n", n * size); exit(1); }
     return p;
 }
 
+// realloc that exits with a message when memory runs out
 static void *xrealloc(void *p, size_t n) {
     p = realloc(p, n ? n : 1);
     if (!p) { fprintf(stderr, "error: out of memory allocating %zu bytes\n", n); exit(1); }
@@ -37,6 +39,7 @@ void tokenbuf_push(TokenBuf *b, uint32_t id) {
     b->data[b->len++] = id;
 }
 
+// releases the buffer and empties it
 void tokenbuf_free(TokenBuf *b) {
     free(b->data);
     b->data = NULL;
@@ -102,6 +105,7 @@ static inline uint32_t pair_lookup(const BPE *bpe, uint32_t left, uint32_t right
     }
 }
 
+// bytes of token id, or NULL if id is out of range
 const unsigned char *bpe_token_bytes(const BPE *bpe, uint32_t id, size_t *len) {
     if (id >= bpe->vocab_size) { *len = 0; return NULL; }
     *len = bpe->offset[id + 1] - bpe->offset[id];
@@ -170,6 +174,8 @@ static void pair_insert(BPE *bpe, uint32_t left, uint32_t right, uint32_t id) {
     bpe->pair_vals[i] = id;
 }
 
+// reads the rank file, lays the tokens out by id, builds the string and pair
+// tables and compiles the regex; exits with one line on any problem
 void bpe_load(BPE *bpe, const char *rank_path) {
     memset(bpe, 0, sizeof(*bpe));
     FILE *f = fopen(rank_path, "rb");
@@ -315,6 +321,7 @@ void bpe_load(BPE *bpe, const char *rank_path) {
         fprintf(stderr, "warning: PCRE2 JIT is not available; tokenizing will be slower\n");
 }
 
+// releases everything bpe_load allocated
 void bpe_free(BPE *bpe) {
     free(bpe->bytes);
     free(bpe->offset);
@@ -328,6 +335,7 @@ void bpe_free(BPE *bpe) {
 // ----------------------------------------------------------------------------
 // per-thread scratch
 
+// per-thread scratch: match data and the piece cache; merge arrays grow on demand
 void bpe_worker_init(BPEWorker *w) {
     memset(w, 0, sizeof(*w));
     w->md = pcre2_match_data_create(1, NULL);
@@ -338,6 +346,7 @@ void bpe_worker_init(BPEWorker *w) {
     w->use_cache = 1;
 }
 
+// releases a worker's scratch
 void bpe_worker_free(BPEWorker *w) {
     pcre2_match_data_free(w->md);
     free(w->ids); free(w->ranks); free(w->next); free(w->prev); free(w->heap);
@@ -461,8 +470,13 @@ static size_t merge_long(const BPE *bpe, BPEWorker *w, const unsigned char *p, s
     return k;
 }
 
+// ids of one piece: a whole-token lookup first, then the cache, then merging
 void bpe_encode_piece(const BPE *bpe, BPEWorker *w, const unsigned char *p, size_t n, TokenBuf *out, int force) {
     if (n == 0) return;
+    if (n >= UINT32_MAX) { // the merge arrays index parts with uint32
+        fprintf(stderr, "error: a single pre-token of %zu bytes (4 GiB or more); fix: split the input into smaller documents\n", n);
+        exit(1);
+    }
     if (force == 0) {
         // most pieces are whole tokens
         uint32_t id = n == 1 ? bpe->byte_id[p[0]] : bpe_lookup(bpe, p, n);
@@ -494,6 +508,8 @@ void bpe_encode_piece(const BPE *bpe, BPEWorker *w, const unsigned char *p, size
 // ----------------------------------------------------------------------------
 // encoding a text
 
+// pre-tokenises text with the regex and encodes each piece, plus each run of
+// invalid UTF-8 the regex steps over, in order
 void bpe_encode(const BPE *bpe, BPEWorker *w, const unsigned char *text, size_t len, TokenBuf *out) {
     size_t pos = 0;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);

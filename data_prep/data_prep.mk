@@ -23,8 +23,10 @@ DATA_PREP_LIBS = -lpcre2-8 -lm
 # `data_prep/fetch.sh vocab tiny` done (they fail, naming that command, if not)
 DATA_PREP_TEST_DEPS = data_prep/tokenize data_prep/test_tokenize
 DATA_PREP_TEST_CMD = ./data_prep/test_tokenize
+# without pcre2.h: `fetch.sh deps` installs libpcre2-dev (as root with apt) or
+# stops, printing the exact apt-get command to run
 DATA_PREP_PCRE2_CHECK = printf '\#define PCRE2_CODE_UNIT_WIDTH 8\n\#include <pcre2.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 \
-	|| { echo "error: PCRE2 headers not found (pcre2.h); fix: apt-get install -y libpcre2-dev   (or: data_prep/fetch.sh deps)" >&2; exit 1; }
+	|| { echo "data_prep: PCRE2 headers (pcre2.h) not found; running data_prep/fetch.sh deps" >&2; data_prep/fetch.sh deps; }
 
 DATA_PREP_CORE = data_prep/bpe.c data_prep/bpe.h
 

@@ -198,6 +198,7 @@ static void test_golden_moby(void) {
 // merge algorithms and round trips
 
 static uint64_t rng_state = 0x853c49e6748fea9bull;
+// xorshift random numbers, fixed seed so failures reproduce
 static uint32_t rnd(void) {
     rng_state ^= rng_state << 13;
     rng_state ^= rng_state >> 7;
@@ -334,6 +335,7 @@ static void expected_streams(const char **docs, size_t n, double f, TokenBuf *tr
     }
 }
 
+// true if two id buffers are equal
 static int same_tokens(const TokenBuf *a, const TokenBuf *b) {
     return a->len == b->len && memcmp(a->data, b->data, a->len * sizeof(uint32_t)) == 0;
 }
@@ -511,6 +513,7 @@ static void expect_tokenizer_init_error(const char *path, const char *what) {
     free(err);
 }
 
+// bad tokenizer files: missing, bad magic, wrong version, truncated body and header
 static void test_tokenizer_file_errors(void) {
     char good[1024], bad[1024];
     snprintf(good, sizeof good, "%s/out1/tokenizer.bin", tmpdir);
@@ -572,6 +575,7 @@ static void corrupt_rank_file(const char *path, int kind) {
     free(raw);
 }
 
+// bad input to data_prep/tokenize: each gives one error line naming the file and exit != 0
 static void test_bad_input(void) {
     char cmd[4096], input[512], out[512], bad_rank[512], file_as_dir[512];
     snprintf(input, sizeof input, "%s/corpus/doc_00.txt", tmpdir);
@@ -631,6 +635,7 @@ static void test_bad_input(void) {
 
 // ----------------------------------------------------------------------------
 
+// runs every test; exit status 1 if any check failed
 int main(void) {
     // the fetched files every test needs: missing is a failure with the fix
     if (access(RANK_PATH, R_OK) != 0 || access(TOKENIZE_BIN, X_OK) != 0) {

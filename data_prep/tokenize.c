@@ -180,6 +180,7 @@ typedef struct {
     size_t total_bytes;
 } FileList;
 
+// appends a file to the list
 static void filelist_add(FileList *fl, const char *path, size_t size) {
     if (fl->n == fl->cap) {
         fl->cap = fl->cap ? 2 * fl->cap : 256;
@@ -193,6 +194,7 @@ static void filelist_add(FileList *fl, const char *path, size_t size) {
     fl->total_bytes += size;
 }
 
+// qsort comparison of C strings by bytes (no locale, so the order is the same everywhere)
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
@@ -293,6 +295,7 @@ typedef struct {
     size_t n, cap;
 } DocList;
 
+// appends a document (a view into a file's buffer)
 static void doclist_add(DocList *dl, const unsigned char *text, size_t len) {
     if (dl->n == dl->cap) {
         dl->cap = dl->cap ? 2 * dl->cap : 1024;
@@ -502,6 +505,7 @@ static void write_tokenizer_file(const BPE *bpe, const char *path) {
 // ----------------------------------------------------------------------------
 // progress
 
+// monotonic clock in seconds
 static double now_seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -516,6 +520,7 @@ static void progress(const Options *opt, double t0, size_t bytes, size_t total_b
     last = t;
     double el = t - t0 > 1e-9 ? t - t0 : 1e-9;
     double rate = (double)bytes / el;
+    if (total_bytes < bytes) total_bytes = bytes; // the last document may pass --max-bytes
     double eta = rate > 0 && total_bytes > bytes ? (double)(total_bytes - bytes) / rate : 0;
     int tty = isatty(2);
     fprintf(stderr, "%stokenize: %.1f/%.1f MB (%.1f%%), %.1f MB/s, %.2fM tokens, %zu docs, %s %d:%02d%s",
@@ -526,6 +531,104 @@ static void progress(const Options *opt, double t0, size_t bytes, size_t total_b
 
 // ----------------------------------------------------------------------------
 
+// creates dir and its missing parents (like mkdir -p); exits if it cannot
+static void make_dirs(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+                fprintf(stderr, "error: cannot create output directory %s: %s; fix: choose a writable place with -o\n", path, strerror(errno));
+                exit(1);
+            }
+            *p = c;
+            if (c == '\0') break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "error: output %s is not a directory; fix: choose a directory with -o\n", dir);
+        exit(1);
+    }
+}
+
+// the state of one run over the inputs
+typedef struct {
+    const Options *opt;
+    const FileList *files;
+    size_t next_file;    // next file to read
+    size_t doc_index;    // documents written so far
+    size_t bytes_done;   // document bytes so far (what --max-bytes caps)
+    size_t file_bytes;   // file bytes read so far (what progress shows without a cap)
+    size_t tokens_done;
+    int stop;            // a cap was reached
+} Run;
+
+// reads files until the batch holds about BATCH_BYTES of documents, applying
+// --max-docs and --max-bytes document by document. texts[] gets each file's buffer.
+static void read_batch(Run *r, DocList *batch, unsigned char **texts) {
+    size_t batch_bytes = 0;
+    while (r->next_file < r->files->n && batch_bytes < BATCH_BYTES && !r->stop) {
+        size_t len;
+        unsigned char *text = read_file(r->files->paths[r->next_file], &len);
+        texts[r->next_file++] = text;
+        r->file_bytes += len;
+        size_t before = batch->n;
+        if (r->opt->sections) split_sections(text, len, r->opt->section_blank_lines, batch);
+        else if (len > 0) doclist_add(batch, text, len); // an empty file is no document
+        for (size_t i = before; i < batch->n; i++) {
+            if ((r->opt->max_docs && r->doc_index + i >= r->opt->max_docs) ||
+                (r->opt->max_bytes && r->bytes_done + batch_bytes >= r->opt->max_bytes)) {
+                batch->n = i;
+                r->stop = 1;
+                break;
+            }
+            batch_bytes += batch->docs[i].len;
+        }
+    }
+    r->bytes_done += batch_bytes;
+}
+
+// tokenizes the batch's documents on all threads: EOT, then the document's tokens
+static void tokenize_batch(const BPE *bpe, BPEWorker *workers, DocList *batch) {
+    #pragma omp parallel
+    {
+        BPEWorker *w = &workers[omp_get_thread_num()];
+        #pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < batch->n; i++) {
+            Doc *d = &batch->docs[i];
+            tokenbuf_push(&d->tokens, bpe->eot);
+            bpe_encode(bpe, w, d->text, d->len, &d->tokens);
+        }
+    }
+}
+
+// writes the batch's documents in order, each to its split
+static void write_batch(Run *r, DocList *batch, ShardWriter *train, ShardWriter *val) {
+    for (size_t i = 0; i < batch->n; i++) {
+        Doc *d = &batch->docs[i];
+        ShardWriter *sw = val_document(r->doc_index, r->opt->val_fraction) ? val : train;
+        shard_append(sw, d->tokens.data, d->tokens.len);
+        sw->docs++;
+        r->tokens_done += d->tokens.len;
+        r->doc_index++;
+        tokenbuf_free(&d->tokens);
+    }
+}
+
+// sets up one split's writer
+static void shard_writer_init(ShardWriter *w, const Options *opt, const char *split) {
+    memset(w, 0, sizeof(*w));
+    w->dir = opt->out_dir;
+    w->name = opt->name;
+    w->split = split;
+    w->shard_tokens = opt->shard_tokens;
+    w->buf = (uint16_t *)malloc(SHARD_BUF * sizeof(uint16_t));
+}
+
+// check inputs, write the tokenizer file, then batches: read, tokenize, write; commit at the end
 int main(int argc, char **argv) {
     Options opt;
     parse_args(argc, argv, &opt);
@@ -534,107 +637,59 @@ int main(int argc, char **argv) {
     signal(SIGTERM, on_signal);
     signal(SIGHUP, on_signal);
 
+    // check everything that can be checked before the long work
     BPE bpe;
     bpe_load(&bpe, opt.vocab);
     FileList files;
     collect_inputs(&opt, &files);
-    size_t total_bytes = files.total_bytes;
-    if (opt.max_bytes && opt.max_bytes < total_bytes) total_bytes = opt.max_bytes;
-
-    if (mkdir(opt.out_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "error: cannot create output directory %s: %s; fix: choose a writable place with -o\n", opt.out_dir, strerror(errno));
-        exit(1);
-    }
-    struct stat st;
-    if (stat(opt.out_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "error: output %s is not a directory; fix: choose a directory with -o\n", opt.out_dir);
-        exit(1);
-    }
+    size_t total_bytes = opt.max_bytes && opt.max_bytes < files.total_bytes ? opt.max_bytes : files.total_bytes;
+    make_dirs(opt.out_dir);
     char tok_path[4096];
     if (opt.tokenizer_out) snprintf(tok_path, sizeof tok_path, "%s", opt.tokenizer_out);
     else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.bin", opt.out_dir);
     if (strcmp(tok_path, "none") != 0) write_tokenizer_file(&bpe, tok_path);
 
-    ShardWriter train = {0}, val = {0};
-    train.dir = val.dir = opt.out_dir;
-    train.name = val.name = opt.name;
-    train.split = "train";
-    val.split = "val";
-    train.shard_tokens = val.shard_tokens = opt.shard_tokens;
-    train.buf = (uint16_t *)malloc(SHARD_BUF * sizeof(uint16_t));
-    val.buf = (uint16_t *)malloc(SHARD_BUF * sizeof(uint16_t));
-
+    ShardWriter train, val;
+    shard_writer_init(&train, &opt, "train");
+    shard_writer_init(&val, &opt, "val");
     omp_set_num_threads(opt.threads);
     BPEWorker *workers = (BPEWorker *)calloc((size_t)opt.threads, sizeof(BPEWorker));
     for (int t = 0; t < opt.threads; t++) bpe_worker_init(&workers[t]);
-
-    double t0 = now_seconds();
-    // bytes_done counts document text (what --max-bytes caps); file_bytes
-    // counts whole files read, which is what progress reports without a cap
-    size_t next_file = 0, doc_index = 0, bytes_done = 0, file_bytes = 0, tokens_done = 0;
-    int stop = 0;
     unsigned char **texts = (unsigned char **)malloc(files.n * sizeof(unsigned char *) + 1);
-    while (!stop && next_file < files.n) {
-        // 1) read files until the batch holds enough text
+
+    // batches: read, tokenize on all threads, write in order
+    Run run = {0};
+    run.opt = &opt;
+    run.files = &files;
+    double t0 = now_seconds();
+    while (!run.stop && run.next_file < files.n) {
         DocList batch = {0};
-        size_t batch_bytes = 0, first_file = next_file;
-        while (next_file < files.n && batch_bytes < BATCH_BYTES && !stop) {
-            size_t len;
-            unsigned char *text = read_file(files.paths[next_file], &len);
-            texts[next_file++] = text;
-            file_bytes += len;
-            size_t before = batch.n;
-            if (opt.sections) split_sections(text, len, opt.section_blank_lines, &batch);
-            else doclist_add(&batch, text, len);
-            // apply the caps document by document
-            for (size_t i = before; i < batch.n; i++) {
-                size_t consumed = doc_index + i;
-                if ((opt.max_docs && consumed >= opt.max_docs) || (opt.max_bytes && bytes_done + batch_bytes >= opt.max_bytes)) {
-                    batch.n = i;
-                    stop = 1;
-                    break;
-                }
-                batch_bytes += batch.docs[i].len;
-            }
-        }
-        // 2) tokenize the batch's documents on all threads
-        #pragma omp parallel
-        {
-            BPEWorker *w = &workers[omp_get_thread_num()];
-            #pragma omp for schedule(dynamic, 1)
-            for (size_t i = 0; i < batch.n; i++) {
-                Doc *d = &batch.docs[i];
-                tokenbuf_push(&d->tokens, bpe.eot);
-                bpe_encode(&bpe, w, d->text, d->len, &d->tokens);
-            }
-        }
-        // 3) write them in order
-        for (size_t i = 0; i < batch.n; i++) {
-            Doc *d = &batch.docs[i];
-            ShardWriter *sw = val_document(doc_index, opt.val_fraction) ? &val : &train;
-            shard_append(sw, d->tokens.data, d->tokens.len);
-            sw->docs++;
-            tokens_done += d->tokens.len;
-            doc_index++;
-            tokenbuf_free(&d->tokens);
-        }
-        bytes_done += batch_bytes;
-        for (size_t f = first_file; f < next_file; f++) free(texts[f]);
+        size_t first_file = run.next_file;
+        read_batch(&run, &batch, texts);
+        tokenize_batch(&bpe, workers, &batch);
+        write_batch(&run, &batch, &train, &val);
+        for (size_t f = first_file; f < run.next_file; f++) free(texts[f]);
         free(batch.docs);
-        progress(&opt, t0, opt.max_bytes ? bytes_done : file_bytes, total_bytes, tokens_done, doc_index, 0);
+        if (!run.stop && run.next_file < files.n) // the last batch gets the final line instead
+            progress(&opt, t0, opt.max_bytes ? run.bytes_done : run.file_bytes, total_bytes, run.tokens_done, run.doc_index, 0);
     }
     shard_close(&train);
     shard_close(&val);
-    if (doc_index == 0) {
+    if (run.doc_index == 0) {
         fprintf(stderr, "error: the inputs hold no documents (empty files, or --max-docs/--max-bytes too small); fix: check the inputs\n");
         exit(1);
     }
+
+    // success: everything into place at once
     commit_outputs();
     remove_stale_shards(&train);
     remove_stale_shards(&val);
-    progress(&opt, t0, opt.max_bytes ? bytes_done : file_bytes, opt.max_bytes ? bytes_done : file_bytes, tokens_done, doc_index, 1);
+    size_t done = opt.max_bytes ? run.bytes_done : run.file_bytes;
+    progress(&opt, t0, done, done, run.tokens_done, run.doc_index, 1);
+    if (train.docs == 0)
+        fprintf(stderr, "warning: the train split got no documents (%zu documents in all); fix: lower --val-fraction\n", run.doc_index);
     if (opt.val_fraction > 0 && val.docs == 0)
-        fprintf(stderr, "warning: the val split got no documents (%zu documents in all); fix: raise --val-fraction or use --sections\n", doc_index);
+        fprintf(stderr, "warning: the val split got no documents (%zu documents in all); fix: raise --val-fraction or use --sections\n", run.doc_index);
     if (!opt.quiet)
         fprintf(stderr, "tokenize: train %zu docs, %zu tokens, %zu shards; val %zu docs, %zu tokens, %zu shards; in %s/%s_{train,val}_*.bin; tokenizer %s\n",
                 train.docs, train.total, train.index, val.docs, val.total, val.index, opt.out_dir, opt.name, tok_path);

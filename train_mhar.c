@@ -389,21 +389,26 @@ void source_stat_forward(real *r, const real *v, size_t N, int C) {
 void route_forward(real *out, real *a, const real *slots, const real *r, const int *src, int n,
                    const real *q, const real *gamma, size_t N, int C, int H) {
     int HC = C / H;
+    real *qg = (real *)malloc_check(C * sizeof(real));   // q * gamma, the same for every position
+    for (int c = 0; c < C; c++) { qg[c] = q[c] * gamma[c]; }
     #pragma omp parallel for
     for (size_t t = 0; t < N; t++) {
         real *at = a + t * H * n;
-        for (int h = 0; h < H; h++) {
-            real *s = at + (size_t)h * n, maxv = -INFINITY;
-            for (int i = 0; i < n; i++) {
-                const real *vi = slots + ((size_t)src[i] * N + t) * C;
-                real dot = 0;
-                for (int c = h * HC; c < (h + 1) * HC; c++) { dot += q[c] * gamma[c] * vi[c]; }
-                s[i] = dot * r[(size_t)src[i] * N + t];
-                if (s[i] > maxv) { maxv = s[i]; }
+        // scores s[h,i] = r_i * sum_{c in h} q gamma v_i, kept in at[] until the softmax
+        for (int i = 0; i < n; i++) {
+            const real *vi = slots + ((size_t)src[i] * N + t) * C;
+            real ri = r[(size_t)src[i] * N + t];
+            for (int h = 0; h < H; h++) {
+                real e = 0;
+                for (int c = h * HC; c < (h + 1) * HC; c++) { e += qg[c] * vi[c]; }
+                at[(size_t)h * n + i] = ri * e;
             }
-            real sum = 0;
-            for (int i = 0; i < n; i++) { s[i] = exp(s[i] - maxv); sum += s[i]; }
-            for (int i = 0; i < n; i++) { s[i] /= sum; }
+        }
+        for (int h = 0; h < H; h++) {   // softmax over depth, per head
+            real *sh = at + (size_t)h * n, maxv = -INFINITY, sum = 0;
+            for (int i = 0; i < n; i++) { if (sh[i] > maxv) { maxv = sh[i]; } }
+            for (int i = 0; i < n; i++) { sh[i] = exp(sh[i] - maxv); sum += sh[i]; }
+            for (int i = 0; i < n; i++) { sh[i] /= sum; }
         }
         real *o = out + t * C;
         for (int c = 0; c < C; c++) { o[c] = 0; }
@@ -415,69 +420,76 @@ void route_forward(real *out, real *a, const real *slots, const real *r, const i
             }
         }
     }
+    free(qg);
 }
 
 // Backward of one site, given dout = G (N, C): adds into the sources' gradients
-// dslots (nslots, N, C) and into dq, dgamma (C). ds (N, H, n) is scratch.
-void route_backward(real *dslots, real *dq, real *dgamma, real *ds, const real *dout, const real *a,
+// dslots (nslots, N, C) and into dq, dgamma (C).
+// Positions are processed in fixed blocks of ROUTE_BLOCK; each block sums its
+// share of dq/dgamma, and the blocks are added in order at the end, so the
+// result is the same for any number of threads.
+#define ROUTE_BLOCK 32
+void route_backward(real *dslots, real *dq, real *dgamma, const real *dout, const real *a,
                     const real *slots, const real *r, const int *src, int n, const real *q,
                     const real *gamma, size_t N, int C, int H) {
     int HC = C / H;
+    size_t nblocks = (N + ROUTE_BLOCK - 1) / ROUTE_BLOCK;
+    real *qg = (real *)malloc_check(C * sizeof(real));
+    real *part = (real *)calloc_check(nblocks * C, sizeof(real));   // per block: sum_{t,i} ds r_i v_i[c]
+    for (int c = 0; c < C; c++) { qg[c] = q[c] * gamma[c]; }
     #pragma omp parallel for
-    for (size_t t = 0; t < N; t++) {
-        const real *G = dout + t * C, *at = a + t * H * n;
-        real *dst = ds + t * H * n;
-        // a = softmax(s): ds[h,i] = a[h,i] (p[h,i] - sum_k a[h,k] p[h,k]), p[h,i] = G[h] . v_i[h]
-        for (int h = 0; h < H; h++) {
-            real S = 0;
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        real *acc = part + blk * C;
+        real *p = (real *)malloc_check(3 * (size_t)H * n * sizeof(real));
+        real *e = p + (size_t)H * n, *ds = e + (size_t)H * n;
+        size_t tend = (blk + 1) * ROUTE_BLOCK < N ? (blk + 1) * ROUTE_BLOCK : N;
+        for (size_t t = blk * ROUTE_BLOCK; t < tend; t++) {
+            const real *G = dout + t * C, *at = a + t * H * n;
+            // one pass over each source: p[h,i] = G[h] . v_i[h] and e[h,i] = (q gamma)[h] . v_i[h],
+            // so that the score is s[h,i] = r_i e[h,i]
             for (int i = 0; i < n; i++) {
                 const real *vi = slots + ((size_t)src[i] * N + t) * C;
-                real p = 0;
-                for (int c = h * HC; c < (h + 1) * HC; c++) { p += G[c] * vi[c]; }
-                dst[h * n + i] = p;
-                S += at[h * n + i] * p;
+                for (int h = 0; h < H; h++) {
+                    real ph = 0, eh = 0;
+                    for (int c = h * HC; c < (h + 1) * HC; c++) { ph += G[c] * vi[c]; eh += qg[c] * vi[c]; }
+                    p[h * n + i] = ph;
+                    e[h * n + i] = eh;
+                }
             }
-            for (int i = 0; i < n; i++) { dst[h * n + i] = at[h * n + i] * (dst[h * n + i] - S); }
-        }
-        // s[h,i] = r_i sum_c q gamma v_i  and  out = sum_i a v_i:
-        // u_i = ds q gamma;  dv_i += r_i u_i - (r_i^3 / C)(u_i . v_i) v_i + a G
-        for (int i = 0; i < n; i++) {
-            const real *vi = slots + ((size_t)src[i] * N + t) * C;
-            real *dvi = dslots + ((size_t)src[i] * N + t) * C;
-            real ri = r[(size_t)src[i] * N + t], uv = 0;
+            // out = sum_i a v_i, a = softmax(s): ds[h,i] = a[h,i] (p[h,i] - sum_k a[h,k] p[h,k])
             for (int h = 0; h < H; h++) {
-                real dshi = dst[h * n + i];
-                for (int c = h * HC; c < (h + 1) * HC; c++) { uv += dshi * q[c] * gamma[c] * vi[c]; }
+                real S = 0;
+                for (int i = 0; i < n; i++) { S += at[h * n + i] * p[h * n + i]; }
+                for (int i = 0; i < n; i++) { ds[h * n + i] = at[h * n + i] * (p[h * n + i] - S); }
             }
-            real k3 = ri * ri * ri / C * uv;
-            for (int h = 0; h < H; h++) {
-                real dshi = dst[h * n + i], ahi = at[h * n + i];
-                for (int c = h * HC; c < (h + 1) * HC; c++) {
-                    dvi[c] += ri * dshi * q[c] * gamma[c] - k3 * vi[c] + ahi * G[c];
+            // s[h,i] = r_i sum_c q gamma v_i, r_i = (|v_i|^2/C + eps)^(-1/2). With u_i = ds q gamma:
+            //   dv_i += r_i u_i - (r_i^3 / C)(u_i . v_i) v_i + a G,   where u_i . v_i = sum_h ds[h,i] e[h,i]
+            //   dq += gamma sum ds r_i v_i,  dgamma += q sum ds r_i v_i   (summed per block in acc)
+            for (int i = 0; i < n; i++) {
+                const real *vi = slots + ((size_t)src[i] * N + t) * C;
+                real *dvi = dslots + ((size_t)src[i] * N + t) * C;
+                real ri = r[(size_t)src[i] * N + t], uv = 0;
+                for (int h = 0; h < H; h++) { uv += ds[h * n + i] * e[h * n + i]; }
+                real k3 = ri * ri * ri / C * uv;
+                for (int h = 0; h < H; h++) {
+                    real dshi = ds[h * n + i], ahi = at[h * n + i], w = dshi * ri;
+                    for (int c = h * HC; c < (h + 1) * HC; c++) {
+                        dvi[c] += w * qg[c] - k3 * vi[c] + ahi * G[c];
+                        acc[c] += w * vi[c];
+                    }
                 }
             }
         }
+        free(p);
     }
-    // dq[c] += gamma[c] * sum_{t,i} ds[t,h(c),i] r_i v_i[c], and dgamma[c] the same with q[c].
-    // Tasks of up to 64 channels inside one head, serial over positions: a fixed summation order.
-    int nsub = (HC + 63) / 64;
-    #pragma omp parallel for
-    for (int task = 0; task < H * nsub; task++) {
-        int h = task / nsub, c0 = h * HC + (task % nsub) * 64;
-        int c1 = c0 + 64 < (h + 1) * HC ? c0 + 64 : (h + 1) * HC;
-        real acc[64] = {0};
-        for (size_t t = 0; t < N; t++) {
-            for (int i = 0; i < n; i++) {
-                const real *vi = slots + ((size_t)src[i] * N + t) * C;
-                real w = ds[(t * H + h) * n + i] * r[(size_t)src[i] * N + t];
-                for (int c = c0; c < c1; c++) { acc[c - c0] += w * vi[c]; }
-            }
-        }
-        for (int c = c0; c < c1; c++) {
-            dq[c] += gamma[c] * acc[c - c0];
-            dgamma[c] += q[c] * acc[c - c0];
-        }
+    for (int c = 0; c < C; c++) {
+        real total = 0;
+        for (size_t blk = 0; blk < nblocks; blk++) { total += part[blk * C + c]; }
+        dq[c] += gamma[c] * total;
+        dgamma[c] += q[c] * total;
     }
+    free(qg);
+    free(part);
 }
 
 // ----------------------------------------------------------------------------
@@ -547,9 +559,9 @@ typedef struct {
 } Acts;
 
 // Backward scratch and gradients of activations, in one allocation.
-#define NUM_GRAD_ACT_TENSORS 15
+#define NUM_GRAD_ACT_TENSORS 14
 typedef struct {
-    real *dslots;   // (J, N, C)  gradient of every slot; fp-accumulated across sites
+    real *dslots;   // (J, N, C)  gradient of every slot, accumulated over all the sites that read it
     real *dh;       // (N, C)  gradient of the routed input of the current site
     real *dln;      // (N, C)  gradient of the normalised input u_j
     real *datty;    // (N, QD)
@@ -557,7 +569,6 @@ typedef struct {
     real *dk, *dkn, *dkr;   // (N, KVD)
     real *dv;       // (N, KVD)
     real *dmh, *dmg, *dmu;  // (N, F)
-    real *dsc;      // (N, H, J)  routing score gradients of one site
 } GradActs;
 
 typedef struct {
@@ -634,11 +645,11 @@ static void model_alloc_acts(Model *m, int B, int T) {
 
     size_t gsz[NUM_GRAD_ACT_TENSORS] = {
         J * N * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
-        N * F, N * F, N * F, mhar ? N * c->H * J : 0};
+        N * F, N * F, N * F};
     real **gptr[NUM_GRAD_ACT_TENSORS] = {
         &m->gacts.dslots, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
         &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
-        &m->gacts.dmg, &m->gacts.dmu, &m->gacts.dsc};
+        &m->gacts.dmg, &m->gacts.dmu};
     total = 0;
     for (int i = 0; i < NUM_GRAD_ACT_TENSORS; i++) { total += gsz[i]; }
     m->gacts_mem = (real *)calloc_check(total, sizeof(real));
@@ -766,7 +777,7 @@ static void site_backward(Model *m, int j, size_t N) {
     if (c->mode == RES_STD) { return; }
     int src[1024];
     int n = site_sources(c, j, src);
-    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dsc, m->gacts.dh,
+    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dh,
                    a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
                    m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
 }

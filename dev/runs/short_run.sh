@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The short comparison of issue 6, sized for one 10-minute command on a 4-GPU
+# machine: the 100M model on the Linux-kernel code corpus, std, attnres,
+# mhar H=8 and mhar H=16 side by side (one GPU each), with equal tokens and
+# equal seeds. Then the routing probe on the routed runs. Everything that comes
+# back is packed into $ARCHIVE (logs, probe CSVs, summary.txt).
+#
+#   prepare once, here:   make data/large && bash dev/runs/short_run.sh --prepare
+#   run on the device:    bash dev/runs/short_run.sh      (carry data/short)
+#
+# Environment: STEPS (default 400), SEQS per step (32), B (16), LR (1e-3), RUN_DIR (default
+# runs/short), ARCHIVE (default RUN_DIR/short_run.tar.gz).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [ "${1:-}" = --prepare ]; then
+    # 80M train tokens (10 slices of 8M spread over the corpus) and 2M val tokens,
+    # xz-compressed so that they travel inside the 64 MiB working-tree limit
+    mkdir -p data/short
+    /usr/bin/python3 - <<'PY'
+import glob, lzma, shutil, struct
+def header(n): return struct.pack('<256i', *([20240520, 1, n] + [0] * 253))
+shards = sorted(glob.glob('data/large/*_train_*.bin'))
+counts = [struct.unpack('<3i', open(s, 'rb').read(12))[2] for s in shards]
+total, per, slices = sum(counts), 8_000_000, 10
+body = bytearray()
+for k in range(slices):
+    start, acc = k * (total - per) // (slices - 1), 0
+    for s, c in zip(shards, counts):
+        if start < acc + c:
+            with open(s, 'rb') as f:
+                f.seek(1024 + 2 * min(start - acc, c - per)); body += f.read(2 * per)
+            break
+        acc += c
+open('data/short/short_train_000000.bin.xz', 'wb').write(lzma.compress(header(len(body) // 2) + bytes(body), preset=6))
+val = open(glob.glob('data/large/*_val_*.bin')[0], 'rb').read()[1024:1024 + 2 * 2_000_000]
+open('data/short/short_val_000000.bin.xz', 'wb').write(lzma.compress(header(len(val) // 2) + val, preset=6))
+shutil.copy('data/large/tokenizer.bin', 'data/short/tokenizer.bin')
+PY
+    ls -la data/short
+    exit 0
+fi
+
+STEPS=${STEPS:-400} SEQS=${SEQS:-32} B=${B:-16} LR=${LR:-1e-3} RUN_DIR=${RUN_DIR:-runs/short}
+TRAINER=${TRAINER:-./train_mhar_cu} PRESET=${PRESET:-100m} T=${T:-2048}   # others for a CPU dry run
+for f in data/short/*.xz; do [ -f "${f%.xz}" ] || python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "${f%.xz}"; done
+make -s "${TRAINER#./}" dev/route_probe
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l || true)
+[ "$NGPU" -ge 1 ] || NGPU=1
+[ "$NGPU" -ge 4 ] || echo "short_run: only $NGPU GPUs: runs will share them" >&2
+mkdir -p "$RUN_DIR"
+TOKENS=$((STEPS * SEQS * T))
+echo "short_run: $PRESET model, $STEPS steps x $SEQS x $T = $TOKENS tokens per run, peak lr $LR, seed 1337"
+names=(std attnres mhar8 mhar16)
+flags=("-r std" "-r attnres" "-r mhar -H 8" "-r mhar -H 16")
+for k in 0 1 2 3; do
+    CUDA_VISIBLE_DEVICES=$((k % NGPU)) $TRAINER -preset "$PRESET" -b "$B" -d $((SEQS * T)) -n "$STEPS" \
+        -lr "$LR" -warmup $((STEPS / 10)) -seed 1337 ${flags[$k]} \
+        -i 'data/short/*_train_*.bin' -j 'data/short/*_val_*.bin' -tok data/short/tokenizer.bin \
+        -val_every 100 -val_batches 30 -sample_every 0 -o "$RUN_DIR/${names[$k]}" > "$RUN_DIR/${names[$k]}.out" 2>&1 &
+done
+wait
+# the routing probe on the routed runs (CPU, T=512, 4 x 4 sequences)
+for name in attnres mhar8 mhar16; do
+    ck=$(ls "$RUN_DIR/$name"/ckpt_*.bin | tail -1)
+    ./dev/route_probe -c "$ck" -j 'data/short/*_val_*.bin' -b 4 -n 4 -t $((T < 512 ? T : 512)) -o "$RUN_DIR/probe_$name.csv" > "$RUN_DIR/probe_$name.txt" 2>&1 || true
+done
+{
+    echo "$PRESET, $TOKENS tokens per run, final val loss (30 batches of $B x $T):"
+    std=$(awk '/val_loss/ {v=$4} END {print v}' "$RUN_DIR/std/log.txt")
+    for name in "${names[@]}"; do
+        v=$(awk '/val_loss/ {v=$4} END {print v}' "$RUN_DIR/$name/log.txt")
+        tps=$(awk '/train_loss/ {n++; if (n > 5) {s += $12; k++}} END {if (k) printf "%.0f", s / k}' "$RUN_DIR/$name/log.txt")
+        awk -v n="$name" -v v="$v" -v s="$std" -v t="$tps" 'BEGIN {printf "  %-8s val %.4f  delta vs std %+.4f  %s tok/s\n", n, v, v - s, t}'
+    done
+    for name in "${names[@]}"; do echo "  $name: $(grep -h 'peak' "$RUN_DIR/$name.out" | tail -1)"; done
+} | tee "$RUN_DIR/summary.txt"
+tar -czf "${ARCHIVE:-$RUN_DIR/short_run.tar.gz}" -C "$RUN_DIR" summary.txt std/log.txt attnres/log.txt mhar8/log.txt mhar16/log.txt \
+    std.out attnres.out mhar8.out mhar16.out probe_attnres.csv probe_mhar8.csv probe_mhar16.csv \
+    probe_attnres.txt probe_mhar8.txt probe_mhar16.txt 2>/dev/null || true

@@ -456,6 +456,15 @@ static void check_trainer_binary(void) {
 // entries near zero). The config has T = 40 > 32, so attention crosses a tile
 // boundary of the GPU kernels, GQA (NH=4, NKV=2), and L = 3, so block mode
 // S = 4 has a partial block at the final site.
+//
+// Parameters: gpu_test_params, a moderate regime (matrices N(0, 0.1^2), norm
+// weights and gammas 1 + N(0, 0.1^2), routing queries N(0, H/C), so each
+// head's routing scores have std ~1 and the softmax over depth is far from
+// uniform yet not saturated). model_randomize's regime (matrices 0.3, queries
+// N(0, 1)) is too ill-conditioned for a float32 comparison: there this file's
+// own float32 build differs from its float64 build by up to 1.8e-5 (attnres,
+// wte gradient), and the GPU fp32 build by up to 7.9e-5. In the moderate
+// regime the float32 CPU build is within 2.5e-6 of float64 in every mode.
 #ifdef MHAR_GPU
 #include "common/gpu_api.h"
 
@@ -466,10 +475,26 @@ typedef struct {
     double (*train_step)(void *, const int *, const int *, int, int, float, float, float, float, float, float, int,
                          double *);
     void (*free)(void *);
-    // Tolerances. fp32: GPU fp32 against the float64 CPU; measured worst values
-    // on an H200 (CUDA 13.0): see the report line each check prints.
-    double tol_fwd, tol_grad, tol_train;
+    double tol_loss, tol_logits, tol_grad, tol_train;   // set in check_gpu from measurements
 } GpuPrecision;
+
+// Moderate parameters (see above), in place of model_randomize.
+static void gpu_test_params(Model *m, uint64_t seed) {
+    const Config *c = &m->cfg;
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
+    real *p = m->params_mem;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        for (size_t i = 0; i < m->sizes[ti]; i++) {
+            double z = rng_normal(&rng);
+            if (ti == P_RQ) { p[i] = (real)(z / sqrt((double)c->C / c->H)); }
+            else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
+                p[i] = (real)(1 + 0.1 * z);
+            } else if (ti == P_WTE && i >= (size_t)c->V * c->C) { p[i] = 0; }   // padding rows
+            else { p[i] = (real)(0.1 * z); }
+        }
+        p += m->sizes[ti];
+    }
+}
 
 static Config gpu_test_config(int mode, int H, int S) {
     Config c;
@@ -490,7 +515,7 @@ static double rel_err(const float *g, const real *c, size_t n) {
     return num / fmax(den, 1e-30);
 }
 
-static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P) {
+static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P, int steps) {
     int B = 2, T = cfg.T;
     size_t N = (size_t)B * T;
     uint64_t rng = 2024;
@@ -498,10 +523,10 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P)
     random_tokens(in, N, cfg.V, &rng);
     random_tokens(tg, N, cfg.V, &rng);
 
-    // one forward and backward from randomized parameters, rounded to float32 for both sides
+    // one forward and backward from moderate random parameters, rounded to float32 for both sides
     Model m;
     model_build(&m, &cfg, 42, 0.02f);
-    model_randomize(&m, 4321);
+    gpu_test_params(&m, 4321);
     float *pf = (float *)malloc_check(m.nparams * sizeof(float));
     for (size_t i = 0; i < m.nparams; i++) { pf[i] = (float)m.params_mem[i]; m.params_mem[i] = pf[i]; }
     void *g = P->create(&cfg, pf, B, T);
@@ -524,22 +549,22 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P)
         }
         off += m.sizes[ti];
     }
-    check(lerr < P->tol_fwd && gerr_logits < P->tol_fwd && worst < P->tol_grad,
-          "GPU %s %-10s loss %.6f vs %.6f (rel %.1e), logits rel %.1e, worst gradient %s rel %.1e (tol %.0e / %.0e)",
-          P->name, name, gloss, closs, lerr, gerr_logits, worst_name, worst, P->tol_fwd, P->tol_grad);
+    check(lerr < P->tol_loss && gerr_logits < P->tol_logits && worst < P->tol_grad,
+          "GPU %s %-10s loss %.6f vs %.6f (rel %.1e), logits rel %.1e, worst gradient %s rel %.1e (tol %.2g/%.2g/%.2g)",
+          P->name, name, gloss, closs, lerr, gerr_logits, worst_name, worst, P->tol_loss, P->tol_logits, P->tol_grad);
     P->free(g);
     model_free(&m);
 
-    // 10 training steps from the initialisation, a new batch each step
+    // `steps` (10) training steps from the initialisation, a new batch each step
     Model c;
     model_build(&c, &cfg, 42, 0.02f);
     for (size_t i = 0; i < c.nparams; i++) { pf[i] = (float)c.params_mem[i]; }   // params_init's float32 bits
     g = P->create(&cfg, pf, B, T);
     double terr = 0, lastc = 0, lastg = 0, firstc = 0;
-    for (int step = 0; step < 10; step++) {
+    for (int step = 0; step < steps; step++) {
         random_tokens(in, N, cfg.V, &rng);
         for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % cfg.V; }   // learnable: target = f(token)
-        float lr = lr_at(step, 10, 3, 1e-2f, 0.1f);
+        float lr = lr_at(step, steps, 3, 1e-2f, 0.1f);
         double gn = 0;
         lastg = P->train_step(g, in, tg, B, T, lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step + 1, &gn);
         model_zero_grad(&c);
@@ -552,9 +577,9 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P)
         if (step == 0) { firstc = lastc; }
         terr = fmax(terr, fabs(lastg - lastc) / fabs(lastc));
     }
-    check(terr < P->tol_train && lastc < firstc,
-          "GPU %s %-10s 10 AdamW steps: loss %.6f -> %.6f (GPU %.6f), worst step rel %.1e (tol %.0e)",
-          P->name, name, firstc, lastc, lastg, terr, P->tol_train);
+    check(terr < P->tol_train && (steps < 10 || lastc < firstc),
+          "GPU %s %-10s %d AdamW steps: loss %.6f -> %.6f (GPU %.6f), worst step rel %.1e (tol %.2g)",
+          P->name, name, steps, firstc, lastc, lastg, terr, P->tol_train);
     P->free(g);
     model_free(&c);
     free(pf); free(glogits); free(ggrads); free(in); free(tg);
@@ -590,12 +615,14 @@ static void check_gpu_trainer_binaries(void) {
     for (int i = 0; same && i < 20; i++) { same = strcmp(l[0][i], l[1][i]) == 0; }
     check(same, "GPU bf16 trainer: two runs with the same seed give bit-identical losses (step 20: %s vs %s)",
           nl[0] == 20 ? l[0][19] : "?", nl[1] == 20 ? l[1][19] : "?");
-    // fp32 GPU against the float32 CPU trainer: same init bits, batches, schedule and clipping
+    // fp32 GPU against the float32 CPU trainer: same init bits, batches, schedule and clipping.
+    // Measured on an H200 (CUDA 13.0): worst relative loss difference 1.5e-7 over the 20 steps,
+    // 1.2e-7 for the crossed-over checkpoints below; tolerance 1e-5.
     double worst = nl[2] == 20 && nl[3] == 20 ? 0 : 1;
     for (int i = 0; i < 20 && nl[2] == 20 && nl[3] == 20; i++) {
         worst = fmax(worst, fabs(atof(l[2][i]) - atof(l[3][i])) / fabs(atof(l[3][i])));
     }
-    check(rc == 0 && worst < 1e-3, "GPU fp32 trainer follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
+    check(rc == 0 && worst < 1e-5, "GPU fp32 trainer follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
           nl[2] == 20 ? l[2][19] : "?", nl[3] == 20 ? l[3][19] : "?", worst);
     // checkpoints cross over: the GPU resumes from the CPU's step-10 file and vice versa
     char x[2][64][32];
@@ -613,7 +640,7 @@ static void check_gpu_trainer_binaries(void) {
         worst = fmax(worst, fabs(atof(x[0][i]) - atof(l[3][10 + i])) / fabs(atof(l[3][10 + i])));
         worst = fmax(worst, fabs(atof(x[1][i]) - atof(l[2][10 + i])) / fabs(atof(l[2][10 + i])));
     }
-    check(rc == 0 && worst < 1e-3, "checkpoints cross over: GPU fp32 resumed from the CPU's step 10 and CPU from the GPU's "
+    check(rc == 0 && worst < 1e-5, "checkpoints cross over: GPU fp32 resumed from the CPU's step 10 and CPU from the GPU's "
           "continue like the runs that saved them (worst rel %.1e)", worst);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
@@ -626,19 +653,40 @@ static void check_gpu(void) {
         return;
     }
     printf("== 4. the CUDA trainer against this reference ==\n");
+    // Tolerances {loss, logits, gradients, training losses}, from the worst
+    // values over the four modes measured on an H200 with CUDA 13.0 (the runs
+    // are deterministic, so these are exact repeatable figures):
+    //   fp32: loss 2.9e-8, logits 1.0e-6, gradients 3.7e-6 (attnres wq),
+    //         10-step losses 6.9e-8.  Tolerance 1e-5 throughout.
+    //   bf16: loss 4.0e-4, logits 3.1e-2, gradients 7.6e-2 (attnres wq),
+    //         10-step losses 1.8e-3 (mhar H=8).  bf16 keeps 8 bits of mantissa
+    //         (2^-9 = 2e-3 relative per rounding) and every activation is
+    //         rounded once per op, ~10 times between input and logits, hence
+    //         logits at a few 1e-2. Tolerances at about twice the measured worst
+    //         (5x for the loss, 3x for the training losses). Formula bugs are
+    //         caught by the fp32 build, which runs the same kernels; what these
+    //         catch are bf16-only faults (wrong conversions, cuBLAS types,
+    //         overflow), which give errors of order 1.
     GpuPrecision precs[2] = {
         {"fp32", mhar_gpu_fp32_create, mhar_gpu_fp32_forward_backward, mhar_gpu_fp32_train_step, mhar_gpu_fp32_free,
-         1e-5, 1e-5, 1e-5},
+         1e-5, 1e-5, 1e-5, 1e-5},
         {"bf16", mhar_gpu_bf16_create, mhar_gpu_bf16_forward_backward, mhar_gpu_bf16_train_step, mhar_gpu_bf16_free,
-         5e-2, 1e-1, 5e-2},
+         2e-3, 6e-2, 1.5e-1, 5e-3},
     };
+    // MHAR_GPU_QUICK=1 (for compute-sanitizer racecheck, which is slow): block
+    // mode only, 2 steps, no trainer binaries. Block S=4 runs every GPU kernel.
+    const char *qenv = getenv("MHAR_GPU_QUICK");
+    int quick = qenv != NULL && qenv[0] != '\0' && strcmp(qenv, "0") != 0;
+    if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4 only, 2 training steps\n"); }
     for (int p = 0; p < 2; p++) {
-        check_gpu_model("std", gpu_test_config(RES_STD, 1, 1), &precs[p]);
-        check_gpu_model("attnres", gpu_test_config(RES_MHAR, 1, 1), &precs[p]);
-        check_gpu_model("mhar H=8", gpu_test_config(RES_MHAR, 8, 1), &precs[p]);
-        check_gpu_model("block S=4", gpu_test_config(RES_MHAR, 4, 4), &precs[p]);
+        if (!quick) {
+            check_gpu_model("std", gpu_test_config(RES_STD, 1, 1), &precs[p], 10);
+            check_gpu_model("attnres", gpu_test_config(RES_MHAR, 1, 1), &precs[p], 10);
+            check_gpu_model("mhar H=8", gpu_test_config(RES_MHAR, 8, 1), &precs[p], 10);
+        }
+        check_gpu_model("block S=4", gpu_test_config(RES_MHAR, 4, 4), &precs[p], quick ? 2 : 10);
     }
-    check_gpu_trainer_binaries();
+    if (!quick) { check_gpu_trainer_binaries(); }
 }
 #endif
 

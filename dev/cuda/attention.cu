@@ -1,0 +1,1377 @@
+/*
+dev/cuda/attention.cu: kernel lab for causal GQA attention (issue 5, "CUDA
+trainer speed"), forward and backward, developed here before anything moves
+into train_mhar.cu.
+
+Build (no cuDNN, CUTLASS or cuBLAS):
+    nvcc -O3 -arch=sm_90a -o attention dev/cuda/attention.cu
+Run:
+    ./attention --cpu-selftest               CPU reference only, needs no GPU
+    ./attention --version N --check          validate version N against the CPU reference
+    ./attention --version N --bench          time version N at the preset shapes
+    ./attention --all [--check] [--bench]    every version (both modes when neither is named)
+  options: --shape B,T,NH,NKV,HD (bench this shape only), --reps N, --seed S
+
+The op (SPEC section 3; CPU: attention_forward/attention_backward in train_mhar.c):
+  q (B, T, NH, HD), k, v (B, T, NKV, HD), out (B, T, NH, HD), row-major, bf16;
+  query head h reads kv head h / (NH/NKV); scores scaled by 1/sqrt(HD); causal;
+  lse (B, NH, T) fp32 = natural log-sum-exp of each row's scaled scores, kept
+  for the backward pass, which recomputes p = exp(s*scale - lse) and takes
+  D = rowsum(dout * out) (B, NH, T) fp32. All accumulation in fp32.
+
+Versions (NOTES_attention.md has the design, the two floors and predictions):
+  v1  one warp per row, fp32 CUDA cores, online softmax; the simple, correct one.
+  v2  flash-style on tensor cores (mma.sync m16n8k16 bf16 -> fp32, ldmatrix,
+      cp.async double buffering): forward with 64 query rows per block of 4
+      warps; backward = prep (D) + dk/dv pass over q tiles (one block owns a kv
+      tile of one kv head, across all the query heads of its group) + dq pass
+      over kv tiles (one block owns a q tile). No floating-point atomics: every
+      output element is written by exactly one thread, in a fixed order, so
+      the results are bit-reproducible.
+  v3  v2's kernels with 8 warps per block (128 rows): each K/V (or Q/dO) tile
+      staged in shared memory serves twice as many rows.
+Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <vector>
+#include <algorithm>
+
+typedef __nv_bfloat16 bf16;
+
+#define cudaCheck(call) cuda_check((call), #call, __FILE__, __LINE__)
+static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e), file, line, what);
+        exit(1);
+    }
+}
+// after every launch: the launch error now; with sync_launches, the execution error too
+static bool sync_launches = false;
+static void launch_check(const char *name) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && sync_launches) { e = cudaDeviceSynchronize(); }
+    if (e != cudaSuccess) { fprintf(stderr, "CUDA error after %s: %s\n", name, cudaGetErrorString(e)); exit(1); }
+}
+
+struct Shape { int B, T, NH, NKV, HD; };
+
+// ----------------------------------------------------------------------------
+// host helpers: bf16 rounding (round to nearest even), random numbers
+
+static inline uint16_t f2bf(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return 0x7fc0; }   // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+
+static uint64_t rng_state = 1;
+static inline uint64_t rng_u64() {   // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline double rng_uniform() { return ((rng_u64() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static inline double rng_normal() { return sqrt(-2 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()); }
+
+// n bf16 values ~ N(0, sd^2): bits for the GPU, the same values as double for the CPU
+static void random_bf16(std::vector<uint16_t> &bits, std::vector<double> &vals, size_t n, double sd) {
+    bits.resize(n); vals.resize(n);
+    for (size_t i = 0; i < n; i++) { bits[i] = f2bf((float)(sd * rng_normal())); vals[i] = bf2f(bits[i]); }
+}
+
+// ----------------------------------------------------------------------------
+// CPU reference, fp64. Same definition as train_mhar.c, organised per row with
+// the lse so that the GPU versions' saved statistic is checked too.
+
+// out (B, T, NH, HD), lse (B, NH, T) natural log-sum-exp of the scaled scores
+static void cpu_attention_forward(double *out, double *lse, const double *q, const double *k, const double *v,
+                                  Shape s) {
+    const int B = s.B, T = s.T, NH = s.NH, NKV = s.NKV, HD = s.HD, G = NH / NKV;
+    const double scale = 1.0 / sqrt((double)HD);
+    std::vector<double> p(T);
+    for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+    for (int h = 0; h < NH; h++) {
+        const double *qt = q + (((size_t)b * T + t) * NH + h) * HD;
+        const int kvh = h / G;
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; j++) {
+            const double *kj = k + (((size_t)b * T + j) * NKV + kvh) * HD;
+            double dot = 0;
+            for (int d = 0; d < HD; d++) { dot += qt[d] * kj[d]; }
+            p[j] = dot * scale;
+            mx = fmax(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; j++) { p[j] = exp(p[j] - mx); sum += p[j]; }
+        double *o = out + (((size_t)b * T + t) * NH + h) * HD;
+        for (int d = 0; d < HD; d++) { o[d] = 0; }
+        for (int j = 0; j <= t; j++) {
+            const double *vj = v + (((size_t)b * T + j) * NKV + kvh) * HD;
+            for (int d = 0; d < HD; d++) { o[d] += p[j] / sum * vj[d]; }
+        }
+        lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
+    }
+}
+
+// dq (B, T, NH, HD), dk, dv (B, T, NKV, HD) = gradients of sum(out * dout); overwritten
+static void cpu_attention_backward(double *dq, double *dk, double *dv, const double *dout, const double *q,
+                                   const double *k, const double *v, const double *lse, Shape s) {
+    const int B = s.B, T = s.T, NH = s.NH, NKV = s.NKV, HD = s.HD, G = NH / NKV;
+    const double scale = 1.0 / sqrt((double)HD);
+    memset(dq, 0, sizeof(double) * (size_t)B * T * NH * HD);
+    memset(dk, 0, sizeof(double) * (size_t)B * T * NKV * HD);
+    memset(dv, 0, sizeof(double) * (size_t)B * T * NKV * HD);
+    std::vector<double> p(T), dp(T);
+    for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+    for (int h = 0; h < NH; h++) {
+        const size_t qo = (((size_t)b * T + t) * NH + h) * HD;
+        const double *qt = q + qo, *g = dout + qo;
+        const int kvh = h / G;
+        const double L = lse[((size_t)b * NH + h) * T + t];
+        double D = 0;   // D = sum_j p_j dp_j = dout . out
+        for (int j = 0; j <= t; j++) {
+            const size_t ko = (((size_t)b * T + j) * NKV + kvh) * HD;
+            double dot = 0, dd = 0;
+            for (int d = 0; d < HD; d++) { dot += qt[d] * k[ko + d]; dd += g[d] * v[ko + d]; }
+            p[j] = exp(dot * scale - L);
+            dp[j] = dd;
+            D += p[j] * dd;
+        }
+        for (int j = 0; j <= t; j++) {
+            const size_t ko = (((size_t)b * T + j) * NKV + kvh) * HD;
+            const double ds = p[j] * (dp[j] - D) * scale;   // d(score before scaling)
+            for (int d = 0; d < HD; d++) {
+                dq[qo + d] += ds * k[ko + d];
+                dk[ko + d] += ds * qt[d];
+                dv[ko + d] += p[j] * g[d];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// CPU self-test (no GPU): the reference forward against a naive definition that
+// materialises the masked (T, T) score matrix, the backward against central
+// finite differences of L = sum(out * W), and what bf16 output rounding alone
+// costs in relative error (the floor under the GPU tolerance).
+
+static double rel_l2(const double *a, const double *r, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) { num += (a[i] - r[i]) * (a[i] - r[i]); den += r[i] * r[i]; }
+    return sqrt(num / den);
+}
+
+static void naive_forward(double *out, double *lse, const double *q, const double *k, const double *v, Shape s) {
+    const int B = s.B, T = s.T, NH = s.NH, NKV = s.NKV, HD = s.HD;
+    std::vector<double> S((size_t)T * T);
+    for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+        const int kvh = h * NKV / NH;   // same group map as h / (NH/NKV) when NKV divides NH
+        for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) {
+            double dot = 0;
+            for (int d = 0; d < HD; d++) {
+                dot += q[(((size_t)b * T + i) * NH + h) * HD + d] * k[(((size_t)b * T + j) * NKV + kvh) * HD + d];
+            }
+            S[(size_t)i * T + j] = j <= i ? dot / sqrt((double)HD) : -INFINITY;
+        }
+        for (int i = 0; i < T; i++) {
+            double z = 0;
+            for (int j = 0; j < T; j++) { z += exp(S[(size_t)i * T + j]); }   // exp(-inf) = 0
+            lse[((size_t)b * NH + h) * T + i] = log(z);
+            for (int d = 0; d < HD; d++) {
+                double acc = 0;
+                for (int j = 0; j < T; j++) {
+                    acc += exp(S[(size_t)i * T + j]) / z * v[(((size_t)b * T + j) * NKV + kvh) * HD + d];
+                }
+                out[(((size_t)b * T + i) * NH + h) * HD + d] = acc;
+            }
+        }
+    }
+}
+
+static int fragment_selftest();
+
+static int cpu_selftest() {
+    int fails = fragment_selftest();
+    // bf16 rounding: exact values, ties to even, NaN
+    struct { float f; uint16_t h; } cases[] = {{1.0f, 0x3f80}, {-2.5f, 0xc020}, {1.00390625f, 0x3f80},
+                                               {1.01171875f, 0x3f82}, {3.0e38f, 0x7f62}};
+    for (auto &c : cases) {
+        if (f2bf(c.f) != c.h) { printf("FAIL f2bf(%g) = %04x, want %04x\n", c.f, f2bf(c.f), c.h); fails++; }
+    }
+    if ((f2bf(NAN) & 0x7fff) <= 0x7f80) { printf("FAIL f2bf(NaN) is not NaN\n"); fails++; }
+    printf("bf16 rounding: %s\n", fails ? "FAIL" : "ok");
+
+    Shape shapes[] = {{1, 5, 4, 2, 4}, {2, 9, 2, 1, 8}, {1, 7, 3, 3, 6}, {2, 33, 4, 2, 16}};
+    for (Shape s : shapes) {
+        const size_t nq = (size_t)s.B * s.T * s.NH * s.HD, nk = (size_t)s.B * s.T * s.NKV * s.HD;
+        const size_t nl = (size_t)s.B * s.NH * s.T;
+        std::vector<double> q(nq), k(nk), v(nk), w(nq), out(nq), lse(nl), out2(nq), lse2(nl);
+        for (auto &x : q) { x = 2 * rng_normal(); }   // peaky scores: the softmax is far from uniform
+        for (auto &x : k) { x = rng_normal(); }
+        for (auto &x : v) { x = rng_normal(); }
+        for (auto &x : w) { x = rng_normal(); }
+        cpu_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+        naive_forward(out2.data(), lse2.data(), q.data(), k.data(), v.data(), s);
+        const double eo = rel_l2(out.data(), out2.data(), nq), el = rel_l2(lse.data(), lse2.data(), nl);
+        const bool fwd_ok = eo < 1e-12 && el < 1e-12;
+
+        std::vector<double> dq(nq), dk(nk), dv(nk);
+        cpu_attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), lse.data(), s);
+        auto loss = [&](void) {
+            cpu_attention_forward(out2.data(), lse2.data(), q.data(), k.data(), v.data(), s);
+            double L = 0;
+            for (size_t i = 0; i < nq; i++) { L += out2[i] * w[i]; }
+            return L;
+        };
+        // every element of q, k and v (the shapes are tiny): max |fd - analytic| / max |analytic|
+        const double eps = 1e-6;
+        double err[3] = {0, 0, 0}, mag[3] = {0, 0, 0};
+        std::vector<double> *xs[3] = {&q, &k, &v}, *gs[3] = {&dq, &dk, &dv};
+        for (int which = 0; which < 3; which++) {
+            std::vector<double> &x = *xs[which], &gr = *gs[which];
+            for (size_t i = 0; i < x.size(); i++) {
+                const double x0 = x[i];
+                x[i] = x0 + eps; const double lp = loss();
+                x[i] = x0 - eps; const double lm = loss();
+                x[i] = x0;
+                const double fd = (lp - lm) / (2 * eps);
+                err[which] = fmax(err[which], fabs(fd - gr[i]));
+                mag[which] = fmax(mag[which], fabs(gr[i]));
+            }
+        }
+        const double e0 = err[0] / mag[0], e1 = err[1] / mag[1], e2 = err[2] / mag[2];
+        const bool bwd_ok = e0 < 1e-7 && e1 < 1e-7 && e2 < 1e-7;
+
+        // what rounding out to bf16 alone does to ||out - ref|| / ||ref||
+        std::vector<double> outr(nq);
+        for (size_t i = 0; i < nq; i++) { outr[i] = bf2f(f2bf((float)out[i])); }
+        printf("B=%d T=%d NH=%d NKV=%d HD=%d: forward vs naive: out %.1e lse %.1e %s | backward vs finite "
+               "differences (max err / max |grad|): dq %.1e dk %.1e dv %.1e %s | bf16 rounding of out alone: %.1e\n",
+               s.B, s.T, s.NH, s.NKV, s.HD, eo, el, fwd_ok ? "ok" : "FAIL", e0, e1, e2, bwd_ok ? "ok" : "FAIL",
+               rel_l2(outr.data(), out.data(), nq));
+        fails += !fwd_ok + !bwd_ok;
+    }
+    printf("cpu selftest: %s\n", fails ? "FAIL" : "PASS");
+    return fails ? 1 : 0;
+}
+
+// ----------------------------------------------------------------------------
+// GPU: shared pieces
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { x += __shfl_xor_sync(0xffffffffu, x, o); }
+    return x;
+}
+
+// D[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d] (fp32), for every backward version.
+// HD/8 consecutive lanes own one row (16-byte loads); rows in memory order (b, t, h).
+template <int HD>
+__global__ void attention_backward_prep_kernel(float *Dd, const bf16 *dout, const bf16 *out, int B, int T, int NH) {
+    constexpr int L = HD / 8;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t row = idx / L, nrows = (size_t)B * T * NH;
+    const int c = (int)(idx % L);
+    float sum = 0.f;
+    if (row < nrows) {
+        uint4 a = *(const uint4 *)(dout + row * HD + c * 8), o = *(const uint4 *)(out + row * HD + c * 8);
+        const bf16 *pa = (const bf16 *)&a, *po = (const bf16 *)&o;
+#pragma unroll
+        for (int i = 0; i < 8; i++) { sum += __bfloat162float(pa[i]) * __bfloat162float(po[i]); }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) { sum += __shfl_xor_sync(0xffffffffu, sum, off); }
+    if (row < nrows && c == 0) {
+        const int h = (int)(row % NH), t = (int)((row / NH) % T), b = (int)(row / ((size_t)NH * T));
+        Dd[((size_t)b * NH + h) * T + t] = sum;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// v1: one warp per row on CUDA cores, fp32. Lane l owns head dims l + 32 i.
+
+// forward. grid: B*T*NH warps, warp w = row (b, t, h) in memory order (h fastest,
+// so a block's warps have about the same number of keys). Online softmax over
+// keys 0..t: m = running max, l = running sum of exp(s - m), o rescaled when m grows.
+template <int NI>
+__global__ void attention_forward_v1_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                            int B, int T, int NH, int NKV, float scale) {
+    constexpr int HD = NI * 32;
+    const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * NH) { return; }
+    const int h = (int)(w % NH), t = (int)((w / NH) % T), b = (int)(w / ((size_t)NH * T));
+    const int kvh = h / (NH / NKV);
+    float qr[NI], o[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) { qr[i] = __bfloat162float(q[w * HD + lane + 32 * i]) * scale; o[i] = 0.f; }
+    float m = -INFINITY, l = 0.f;
+    const bf16 *kb = k + ((size_t)b * T * NKV + kvh) * HD, *vb = v + ((size_t)b * T * NKV + kvh) * HD;
+    for (int j = 0; j <= t; j++) {
+        const size_t off = (size_t)j * NKV * HD;
+        float dot = 0.f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) { dot += qr[i] * __bfloat162float(kb[off + lane + 32 * i]); }
+        const float s = warp_sum(dot);
+        const float mnew = fmaxf(m, s), corr = expf(m - mnew), p = expf(s - mnew);
+        l = l * corr + p;
+        m = mnew;
+#pragma unroll
+        for (int i = 0; i < NI; i++) { o[i] = o[i] * corr + p * __bfloat162float(vb[off + lane + 32 * i]); }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) { out[w * HD + lane + 32 * i] = __float2bfloat16(o[i] / l); }
+    if (lane == 0) { lse[((size_t)b * NH + h) * T + t] = m + logf(l); }
+}
+
+// dq. One warp per query row (b, t, h): for keys j <= t, p = exp(s - lse),
+// dp = dout . v_j, ds = p (dp - D); dq = scale * sum_j ds k_j.
+template <int NI>
+__global__ void attention_backward_dq_v1_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                const bf16 *dout, const float *lse, const float *Dd,
+                                                int B, int T, int NH, int NKV, float scale) {
+    constexpr int HD = NI * 32;
+    const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * NH) { return; }
+    const int h = (int)(w % NH), t = (int)((w / NH) % T), b = (int)(w / ((size_t)NH * T));
+    const int kvh = h / (NH / NKV);
+    const float L = lse[((size_t)b * NH + h) * T + t], D = Dd[((size_t)b * NH + h) * T + t];
+    float qr[NI], g[NI], acc[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        qr[i] = __bfloat162float(q[w * HD + lane + 32 * i]) * scale;
+        g[i] = __bfloat162float(dout[w * HD + lane + 32 * i]);
+        acc[i] = 0.f;
+    }
+    const bf16 *kb = k + ((size_t)b * T * NKV + kvh) * HD, *vb = v + ((size_t)b * T * NKV + kvh) * HD;
+    for (int j = 0; j <= t; j++) {
+        const size_t off = (size_t)j * NKV * HD;
+        float kr[NI], dot = 0.f, dd = 0.f;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            kr[i] = __bfloat162float(kb[off + lane + 32 * i]);
+            dot += qr[i] * kr[i];
+            dd += g[i] * __bfloat162float(vb[off + lane + 32 * i]);
+        }
+        const float s = warp_sum(dot), dp = warp_sum(dd);
+        const float ds = expf(s - L) * (dp - D);
+#pragma unroll
+        for (int i = 0; i < NI; i++) { acc[i] += ds * kr[i]; }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) { dq[w * HD + lane + 32 * i] = __float2bfloat16(acc[i] * scale); }
+}
+
+// dk, dv. One warp per key row (b, j, kvh): over the group's query heads h and
+// rows t >= j: dv += p dout_t, dk += scale * p (dp - D) q_t. The warp owns its
+// outputs, so no atomics.
+template <int NI>
+__global__ void attention_backward_dkdv_v1_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                  const bf16 *dout, const float *lse, const float *Dd,
+                                                  int B, int T, int NH, int NKV, float scale) {
+    constexpr int HD = NI * 32;
+    const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * NKV) { return; }
+    const int kvh = (int)(w % NKV), j = (int)((w / NKV) % T), b = (int)(w / ((size_t)NKV * T));
+    const int G = NH / NKV;
+    float kr[NI], vr[NI], ak[NI], av[NI];
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        kr[i] = __bfloat162float(k[w * HD + lane + 32 * i]) * scale;
+        vr[i] = __bfloat162float(v[w * HD + lane + 32 * i]);
+        ak[i] = 0.f; av[i] = 0.f;
+    }
+    for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+        const float *Lh = lse + ((size_t)b * NH + h) * T, *Dh = Dd + ((size_t)b * NH + h) * T;
+        for (int t = j; t < T; t++) {
+            const size_t off = (((size_t)b * T + t) * NH + h) * HD;
+            float qr[NI], g[NI], dot = 0.f, dd = 0.f;
+#pragma unroll
+            for (int i = 0; i < NI; i++) {
+                qr[i] = __bfloat162float(q[off + lane + 32 * i]);
+                g[i] = __bfloat162float(dout[off + lane + 32 * i]);
+                dot += qr[i] * kr[i];
+                dd += g[i] * vr[i];
+            }
+            const float s = warp_sum(dot), dp = warp_sum(dd);
+            const float p = expf(s - Lh[t]), ds = p * (dp - Dh[t]);
+#pragma unroll
+            for (int i = 0; i < NI; i++) { av[i] += p * g[i]; ak[i] += ds * qr[i]; }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        dk[w * HD + lane + 32 * i] = __float2bfloat16(ak[i] * scale);
+        dv[w * HD + lane + 32 * i] = __float2bfloat16(av[i]);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// v2/v3 building blocks: cp.async, ldmatrix, mma.sync m16n8k16 (bf16 in, fp32 acc).
+//
+// Fragment layouts of m16n8k16 (g = lane / 4, t = lane % 4):
+//   A 16x16: reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..], reg2 = A[g][2t+8..], reg3 = A[g+8][2t+8..]
+//   B 16x8 : reg0 = B[2t..2t+1][g], reg1 = B[2t+8..2t+9][g]
+//   C 16x8 : c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// Two adjacent C tiles of a 16x16 block, rounded to bf16 pairwise, are exactly
+// the A fragment of that block: softmax probabilities go from the first matmul
+// to the second without touching shared memory.
+// Shared-memory tiles are row-major with rows padded by PAD bf16 (16 bytes), so
+// the 8 row addresses of each ldmatrix 8x8 matrix hit 8 different 16-byte bank
+// groups: (2*HD + 16) bytes = 4 words mod 32 between rows.
+
+#define PAD 8
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+// c += a * b
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return *(uint32_t *)&v;
+}
+
+// Per-lane ldmatrix addresses into a row-major tile M with row stride ld:
+//  a_addr:  A fragment of the 16x16 block at (r0, c0)         (M[m][k], plain)
+//  bt_addr: B fragments of two n-tiles, B[k][n] = M[k][n]:  rows k0..k0+15, cols n0..n0+15 (use .trans)
+//           r[0..1] = n-tile n0, r[2..3] = n-tile n0+8
+//  bn_addr: B fragments of two n-tiles, B[k][n] = M[n][k]:  rows n0..n0+15, cols k0..k0+15 (plain)
+//           r[0..1] = n-tile n0, r[2..3] = n-tile n0+8
+template <typename E>
+__host__ __device__ __forceinline__ const E *a_addr(const E *M, int ld, int r0, int c0, int lane) {
+    return M + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
+}
+template <typename E>
+__host__ __device__ __forceinline__ const E *bt_addr(const E *M, int ld, int k0, int n0, int lane) {
+    return M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
+}
+template <typename E>
+__host__ __device__ __forceinline__ const E *bn_addr(const E *M, int ld, int n0, int k0, int lane) {
+    return M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
+}
+
+// Host emulation of ldmatrix and mma.sync m16n8k16 from the PTX manual's fragment
+// layouts, run by --cpu-selftest on the address helpers above with the call
+// pattern of the kernels: S = Q K^T (a_addr, bn_addr), the C -> A repacking of
+// P, and O = P V (bt_addr, .trans). It also checks the coordinate formula the
+// kernels use for masks, lse/D and stores: s[n][e] of lane (g = lane/4, t = lane%4)
+// is row g + 8 (e >> 1), column 8 n + 2 t + (e & 1). Small integers: exact in float.
+typedef float EmuReg[2];   // one 32-bit register = a pair of 16-bit values (lo, hi)
+static void emu_ldsm(EmuReg r[32][4], const float *const addr[32], bool trans) {
+    for (int i = 0; i < 4; i++) {
+        float mat[8][8];
+        for (int rr = 0; rr < 8; rr++)
+            for (int c = 0; c < 8; c++) { mat[rr][c] = addr[8 * i + rr][c]; }
+        for (int L = 0; L < 32; L++)
+            for (int j = 0; j < 2; j++) {
+                r[L][i][j] = trans ? mat[2 * (L % 4) + j][L / 4] : mat[L / 4][2 * (L % 4) + j];
+            }
+    }
+}
+static void emu_mma(float c[32][4], EmuReg a[32][4], EmuReg b0[32], EmuReg b1[32]) {
+    float A[16][16], Bm[16][8], C[16][8];
+    for (int L = 0; L < 32; L++) {
+        const int g = L / 4, t = L % 4;
+        for (int j = 0; j < 2; j++) {
+            A[g][2 * t + j] = a[L][0][j]; A[g + 8][2 * t + j] = a[L][1][j];
+            A[g][2 * t + 8 + j] = a[L][2][j]; A[g + 8][2 * t + 8 + j] = a[L][3][j];
+            Bm[2 * t + j][g] = b0[L][j]; Bm[2 * t + 8 + j][g] = b1[L][j];
+            C[g][2 * t + j] = c[L][j]; C[g + 8][2 * t + j] = c[L][2 + j];
+        }
+    }
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++)
+            for (int kx = 0; kx < 16; kx++) { C[m][n] += A[m][kx] * Bm[kx][n]; }
+    for (int L = 0; L < 32; L++) {
+        const int g = L / 4, t = L % 4;
+        for (int j = 0; j < 2; j++) { c[L][j] = C[g][2 * t + j]; c[L][2 + j] = C[g + 8][2 * t + j]; }
+    }
+}
+static int fragment_selftest() {
+    constexpr int HDt = 32, BCt = 32, LDt = HDt + PAD;
+    static float Q[16 * LDt], K[BCt * LDt], V[BCt * LDt];
+    for (int i = 0; i < 16 * LDt; i++) { Q[i] = (float)((int)(rng_u64() % 7) - 3); }
+    for (int i = 0; i < BCt * LDt; i++) { K[i] = (float)((int)(rng_u64() % 7) - 3); V[i] = (float)((int)(rng_u64() % 7) - 3); }
+    static float s[BCt / 8][32][4], o[HDt / 8][32][4];
+    memset(s, 0, sizeof s); memset(o, 0, sizeof o);
+    const float *addr[32];
+    EmuReg qf[32][4], bb[32][4], b0[32], b1[32];
+    auto split = [&](int lo) {   // registers lo, lo+1 of bb -> b0, b1
+        for (int L = 0; L < 32; L++)
+            for (int j = 0; j < 2; j++) { b0[L][j] = bb[L][lo][j]; b1[L][j] = bb[L][lo + 1][j]; }
+    };
+    for (int kk = 0; kk < HDt / 16; kk++) {   // S = Q K^T, as in the forward kernel
+        for (int L = 0; L < 32; L++) { addr[L] = a_addr(Q, LDt, 0, kk * 16, L); }
+        emu_ldsm(qf, addr, false);
+        for (int nn = 0; nn < BCt / 16; nn++) {
+            for (int L = 0; L < 32; L++) { addr[L] = bn_addr(K, LDt, nn * 16, kk * 16, L); }
+            emu_ldsm(bb, addr, false);
+            split(0); emu_mma(s[2 * nn], qf, b0, b1);
+            split(2); emu_mma(s[2 * nn + 1], qf, b0, b1);
+        }
+    }
+    int bad = 0;
+    float S[16][BCt];
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < BCt; c++) {
+            S[r][c] = 0;
+            for (int d = 0; d < HDt; d++) { S[r][c] += Q[r * LDt + d] * K[c * LDt + d]; }
+        }
+    for (int n = 0; n < BCt / 8; n++)
+        for (int L = 0; L < 32; L++)
+            for (int e = 0; e < 4; e++) {
+                bad += s[n][L][e] != S[L / 4 + 8 * (e >> 1)][8 * n + 2 * (L % 4) + (e & 1)];
+            }
+    for (int kc = 0; kc < BCt / 16; kc++) {   // O = P V with P = S repacked from C to A fragments
+        EmuReg a[32][4];
+        for (int L = 0; L < 32; L++) {
+            a[L][0][0] = s[2 * kc][L][0]; a[L][0][1] = s[2 * kc][L][1];
+            a[L][1][0] = s[2 * kc][L][2]; a[L][1][1] = s[2 * kc][L][3];
+            a[L][2][0] = s[2 * kc + 1][L][0]; a[L][2][1] = s[2 * kc + 1][L][1];
+            a[L][3][0] = s[2 * kc + 1][L][2]; a[L][3][1] = s[2 * kc + 1][L][3];
+        }
+        for (int dn = 0; dn < HDt / 16; dn++) {
+            for (int L = 0; L < 32; L++) { addr[L] = bt_addr(V, LDt, kc * 16, dn * 16, L); }
+            emu_ldsm(bb, addr, true);
+            split(0); emu_mma(o[2 * dn], a, b0, b1);
+            split(2); emu_mma(o[2 * dn + 1], a, b0, b1);
+        }
+    }
+    for (int n = 0; n < HDt / 8; n++)
+        for (int L = 0; L < 32; L++)
+            for (int e = 0; e < 4; e++) {
+                const int r = L / 4 + 8 * (e >> 1), c = 8 * n + 2 * (L % 4) + (e & 1);
+                float ref = 0;
+                for (int j = 0; j < BCt; j++) { ref += S[r][j] * V[j * LDt + c]; }
+                bad += o[n][L][e] != ref;
+            }
+    printf("fragment emulation (ldmatrix/mma layouts, address helpers, C->A repack, coordinates): %s\n",
+           bad ? "FAIL" : "ok");
+    return bad ? 1 : 0;
+}
+
+// ROWS x HD bf16 from global (row stride gstride elements) into a padded smem tile, 16 bytes per cp.async
+template <int ROWS, int HD, int NT>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, size_t gstride) {
+    constexpr int CPR = HD / 8;
+    static_assert(ROWS * CPR % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / NT; i++) {
+        const int c = threadIdx.x + i * NT, r = c / CPR, cc = c % CPR;
+        cp_async16(s + r * (HD + PAD) + cc * 8, g + r * gstride + cc * 8);
+    }
+}
+
+// A warp's 16 rows of fp32 accumulators acc[HD/8][4] (C layout) times mul, as bf16
+// into its 16 smem rows sO (stride HD+PAD), then 16-byte coalesced stores to
+// global rows g (row stride gstride).
+template <int HD>
+__device__ __forceinline__ void store_rows(bf16 *g, size_t gstride, bf16 *sO, const float (*acc)[4],
+                                           float mul0, float mul1, int lane) {
+    constexpr int LD = HD + PAD;
+    const int gr = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        *(uint32_t *)(sO + gr * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][0] * mul0, acc[n][1] * mul0);
+        *(uint32_t *)(sO + (gr + 8) * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][2] * mul1, acc[n][3] * mul1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * HD / 8; c += 32) {
+        const int r = c / (HD / 8), cc = c % (HD / 8);
+        *(uint4 *)(g + r * gstride + cc * 8) = *(const uint4 *)(sO + r * LD + cc * 8);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// v2/v3 forward: FlashAttention-2 style.
+// grid (T/BR, NH, B), BR = 16*NWARPS query rows per block, warp w owns rows
+// q0+16w..+15. Q tile -> registers (A fragments) once. Loop over kv tiles of BC
+// keys up to the diagonal, double-buffered with cp.async: S = Q K^T (16 x BC per
+// warp, fp32 in registers), causal mask on tiles that cross the diagonal, online
+// softmax in base 2 (m = running max of s*scale*log2e, l = per-thread partial
+// sums, reduced over the 4 lanes of a row at the end), P -> bf16 A fragments,
+// O += P V with V via ldmatrix.trans. Out = O / l; lse = (m + log2 l) ln 2.
+// Heavy (late) q tiles are launched first. smem: (BR + 4 BC) (HD+8) bf16.
+template <int HD, int NWARPS, int BC>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_forward_flash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                               int T, int NH, int NKV, float sl2) {
+    constexpr int BR = NWARPS * 16, LD = HD + PAD, NT = NWARPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int q0 = qb * BR, r0 = q0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const bf16 *qg = q + ((size_t)b * T + q0) * qs + (size_t)h * HD;
+    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
+    const int nkv = (q0 + BR - 1) / BC + 1;
+
+    load_tile<BR, HD, NT>(sQ, qg, qs);
+    load_tile<BC, HD, NT>(sK, kg, ks);
+    load_tile<BC, HD, NT>(sV, vg, ks);
+    cp_async_commit();
+
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f; }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    for (int j = 0; j < nkv; j++) {
+        if (j + 1 < nkv) {
+            const int nb = (j + 1) & 1;
+            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)(j + 1) * BC * ks, ks);
+            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)(j + 1) * BC * ks, ks);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) { ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane)); }
+        }
+        const int k0 = j * BC;
+        if (k0 <= r0 + 15) {   // warp-uniform: some key of the tile is visible to some row of the warp
+            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
+            float s[BC / 8][4];
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++) { s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BC / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
+                }
+            }
+            if (k0 + BC - 1 > r0) {   // the tile crosses the diagonal of this warp's rows
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { s[n][e] = -INFINITY; }
+                    }
+            }
+            // Online softmax. Tile 0 holds key 0, visible to every row, so m is
+            // finite from the first tile on and exp2(m_old - m_new) never sees -inf - -inf.
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++) { mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1])); }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[r], mx * sl2), alpha = exp2f(m[r] - mnew);
+                m[r] = mnew;
+                l[r] *= alpha;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++) {
+                    s[n][2 * r] = exp2f(fmaf(s[n][2 * r], sl2, -mnew));
+                    s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], sl2, -mnew));
+                    l[r] += s[n][2 * r] + s[n][2 * r + 1];
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BC / 16; kc++) {
+                const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                       pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                       pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cV, LD, kc * 16, dn * 16, lane));
+                    mma16816(o[2 * dn], a, bb[0], bb[1]);
+                    mma16816(o[2 * dn + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();   // this buffer is refilled by the next iteration's prefetch
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    if (t4 == 0) {
+        float *lrow = lse + ((size_t)b * NH + h) * T + r0 + g;
+        lrow[0] = (m[0] + log2f(l[0])) * LN2;
+        lrow[8] = (m[1] + log2f(l[1])) * LN2;
+    }
+    // the warp's own rows of sQ are free (its Q fragments are in registers)
+    store_rows<HD>(out + ((size_t)b * T + r0) * qs + (size_t)h * HD, qs, sQ + warp * 16 * LD, o, 1.f / l[0],
+                   1.f / l[1], lane);
+}
+
+// ----------------------------------------------------------------------------
+// v2/v3 backward, pass 1: dk, dv.
+// grid (T/BK, NKV, B), BK = 16*NWARPS keys per block, warp w owns keys
+// k0+16w..+15 of kv head kvh and accumulates their dK, dV (16 x HD each, fp32
+// registers) over every query head of the group and every q tile of BQ rows at
+// or after the block's first key, double-buffered (Q, dO, lse, D) with cp.async.
+// Per tile, in the transposed orientation (keys are the M dimension):
+//   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e) (0 where q < key),
+//   dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//   dV += P^T dO, dK += dS^T Q     (P^T, dS^T -> bf16 A fragments from registers).
+// dK is scaled once at the end. KV_REGS keeps K, V A fragments in registers
+// (HD=64); otherwise they are re-read from smem per tile (HD=128, register budget).
+// smem: 2 BK + 4 BQ rows of (HD+8) bf16 + 4 BQ floats.
+template <int HD, int NWARPS, int BQ, bool KV_REGS>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_backward_dkdv_flash_kernel(bf16 *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
+                                     const bf16 *dout, const float *lse, const float *Dd,
+                                     int T, int NH, int NKV, float scale, float sl2) {
+    constexpr int BK = NWARPS * 16, LD = HD + PAD, NT = NWARPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BK * LD, *sQ = sV + BK * LD, *sdO = sQ + 2 * BQ * LD;
+    float *sL = (float *)(sdO + 2 * BQ * LD), *sD = sL + 2 * BQ;
+    const int kb = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int G = NH / NKV, k0 = kb * BK, kw0 = k0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const int i0 = k0 / BQ, nq = T / BQ - i0, nit = G * nq;
+
+    // issue the loads of iteration it (head kvh*G + it/nq, q tile i0 + it%nq) into buffer buf
+    auto issue = [&](int it, int buf) {
+        const int h = kvh * G + it / nq, qt0 = (i0 + it % nq) * BQ;
+        const size_t go = ((size_t)b * T + qt0) * qs + (size_t)h * HD;
+        load_tile<BQ, HD, NT>(sQ + buf * BQ * LD, q + go, qs);
+        load_tile<BQ, HD, NT>(sdO + buf * BQ * LD, dout + go, qs);
+        const size_t lo = ((size_t)b * NH + h) * T + qt0;
+        if (threadIdx.x < BQ / 4) {
+            cp_async16(sL + buf * BQ + threadIdx.x * 4, lse + lo + threadIdx.x * 4);
+        } else if (threadIdx.x < BQ / 2) {
+            cp_async16(sD + buf * BQ + (threadIdx.x - BQ / 4) * 4, Dd + lo + (threadIdx.x - BQ / 4) * 4);
+        }
+    };
+    const size_t kgo = ((size_t)b * T + k0) * ks + (size_t)kvh * HD;
+    load_tile<BK, HD, NT>(sK, k + kgo, ks);
+    load_tile<BK, HD, NT>(sV, v + kgo, ks);
+    issue(0, 0);
+    cp_async_commit();
+
+    uint32_t kf[KV_REGS ? HD / 16 : 1][4], vf[KV_REGS ? HD / 16 : 1][4];
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { dka[n][e] = 0.f; dva[n][e] = 0.f; }
+
+    for (int it = 0; it < nit; it++) {
+        if (it + 1 < nit) {
+            issue(it + 1, (it + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (KV_REGS && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KV_REGS ? HD / 16 : 0); kk++) {
+                ldsm_x4(kf[kk], a_addr(sK, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(vf[kk], a_addr(sV, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int buf = it & 1, qt0 = (i0 + it % nq) * BQ;
+        if (qt0 + BQ - 1 >= kw0) {   // warp-uniform: some query of the tile sees some key of the warp
+            const bf16 *cQ = sQ + buf * BQ * LD, *cdO = sdO + buf * BQ * LD;
+            const float *cL = sL + buf * BQ, *cD = sD + buf * BQ;
+            float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t ka[4], va[4];
+                if (KV_REGS) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { ka[e] = kf[KV_REGS ? kk : 0][e]; va[e] = vf[KV_REGS ? kk : 0][e]; }
+                } else {
+                    ldsm_x4(ka, a_addr(sK, LD, warp * 16, kk * 16, lane));
+                    ldsm_x4(va, a_addr(sV, LD, warp * 16, kk * 16, lane));
+                }
+#pragma unroll
+                for (int nn = 0; nn < BQ / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cQ, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], ka, bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], ka, bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cdO, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], va, bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], va, bb[2], bb[3]);
+                }
+            }
+            const bool mask = qt0 < kw0 + 15;   // some query of the tile precedes some key of the warp
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 L = *(const float2 *)(cL + n * 8 + 2 * t4), D = *(const float2 *)(cD + n * 8 + 2 * t4);
+                const float L2[2] = {L.x * LOG2E, L.y * LOG2E}, Dv[2] = {D.x, D.y};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e & 1]));
+                    if (mask && qt0 + n * 8 + 2 * t4 + (e & 1) < kw0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - Dv[e & 1]);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                const uint32_t ap[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                        pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const uint32_t ad[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                        pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                        pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cdO, LD, kc * 16, dn * 16, lane));
+                    mma16816(dva[2 * dn], ap, bb[0], bb[1]);
+                    mma16816(dva[2 * dn + 1], ap, bb[2], bb[3]);
+                    ldsm_x4_t(bb, bt_addr(cQ, LD, kc * 16, dn * 16, lane));
+                    mma16816(dka[2 * dn], ad, bb[0], bb[1]);
+                    mma16816(dka[2 * dn + 1], ad, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // each warp only ever read its own 16 rows of sK and sV: reuse them for staging
+    store_rows<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, sK + warp * 16 * LD, dka, scale, scale, lane);
+    store_rows<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, sV + warp * 16 * LD, dva, 1.f, 1.f, lane);
+}
+
+// ----------------------------------------------------------------------------
+// v2/v3 backward, pass 2: dq.
+// grid (T/BR, NH, B), BR = 16*NWARPS query rows per block, warp w owns rows
+// q0+16w..+15; Q and dO tiles -> registers (A fragments) once. Loop over kv
+// tiles of BC keys up to the diagonal, double-buffered:
+//   S = Q K^T, P = exp2(S scale log2e - lse log2e) (0 above the diagonal),
+//   dP = dO V^T (V as B via plain ldmatrix), dS = P (dP - D), dQ += dS K (K via .trans).
+// dQ scaled once at the end. smem: (2 BR + 4 BC) (HD+8) bf16.
+template <int HD, int NWARPS, int BC>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_backward_dq_flash_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                   const float *lse, const float *Dd, int T, int NH, int NKV, float scale,
+                                   float sl2) {
+    constexpr int BR = NWARPS * 16, LD = HD + PAD, NT = NWARPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw, *sdO = sQ + BR * LD, *sK = sdO + BR * LD, *sV = sK + 2 * BC * LD;
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int q0 = qb * BR, r0 = q0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const size_t qgo = ((size_t)b * T + q0) * qs + (size_t)h * HD;
+    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
+    const int nkv = (q0 + BR - 1) / BC + 1;
+
+    load_tile<BR, HD, NT>(sQ, q + qgo, qs);
+    load_tile<BR, HD, NT>(sdO, dout + qgo, qs);
+    load_tile<BC, HD, NT>(sK, kg, ks);
+    load_tile<BC, HD, NT>(sV, vg, ks);
+    cp_async_commit();
+
+    const float *Lrow = lse + ((size_t)b * NH + h) * T + r0 + g, *Drow = Dd + ((size_t)b * NH + h) * T + r0 + g;
+    const float L2[2] = {Lrow[0] * LOG2E, Lrow[8] * LOG2E}, Dv[2] = {Drow[0], Drow[8]};
+
+    uint32_t qf[HD / 16][4], df[HD / 16][4];
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) { dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f; }
+
+    for (int j = 0; j < nkv; j++) {
+        if (j + 1 < nkv) {
+            const int nb = (j + 1) & 1;
+            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)(j + 1) * BC * ks, ks);
+            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)(j + 1) * BC * ks, ks);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(df[kk], a_addr(sdO, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int k0 = j * BC;
+        if (k0 <= r0 + 15) {
+            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
+            float s[BC / 8][4], dp[BC / 8][4];
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BC / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cV, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], df[kk], bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], df[kk], bb[2], bb[3]);
+                }
+            }
+            const bool mask = k0 + BC - 1 > r0;
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e >> 1]));
+                    if (mask && k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p * (dp[n][e] - Dv[e >> 1]);   // dS
+                }
+#pragma unroll
+            for (int kc = 0; kc < BC / 16; kc++) {
+                const uint32_t a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                       pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                       pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cK, LD, kc * 16, dn * 16, lane));
+                    mma16816(dqa[2 * dn], a, bb[0], bb[1]);
+                    mma16816(dqa[2 * dn + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    store_rows<HD>(dq + qgo + (size_t)warp * 16 * qs, qs, sQ + warp * 16 * LD, dqa, scale, scale, lane);
+}
+
+// ----------------------------------------------------------------------------
+// host: launchers and dispatch
+
+struct Bufs {
+    bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float *lse, *D;
+};
+
+template <typename K>
+static void set_smem(K kern, size_t bytes) {
+    cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <int NI>
+static void forward_v1(const Shape &s, const Bufs &d) {
+    const size_t warps = (size_t)s.B * s.T * s.NH;
+    attention_forward_v1_kernel<NI><<<(unsigned)((warps + 7) / 8), 256>>>(d.out, d.lse, d.q, d.k, d.v, s.B, s.T, s.NH,
+                                                                         s.NKV, 1.f / sqrtf((float)s.HD));
+    launch_check("attention_forward_v1_kernel");
+}
+
+template <int HD>
+static void backward_prep(const Shape &s, const Bufs &d) {
+    const size_t threads = (size_t)s.B * s.T * s.NH * (HD / 8);
+    attention_backward_prep_kernel<HD><<<(unsigned)((threads + 255) / 256), 256>>>(d.D, d.dout, d.out, s.B, s.T, s.NH);
+    launch_check("attention_backward_prep_kernel");
+}
+
+template <int NI>
+static void backward_v1(const Shape &s, const Bufs &d) {
+    backward_prep<NI * 32>(s, d);
+    const float scale = 1.f / sqrtf((float)s.HD);
+    const size_t wq = (size_t)s.B * s.T * s.NH, wk = (size_t)s.B * s.T * s.NKV;
+    attention_backward_dkdv_v1_kernel<NI><<<(unsigned)((wk + 7) / 8), 256>>>(d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse,
+                                                                             d.D, s.B, s.T, s.NH, s.NKV, scale);
+    launch_check("attention_backward_dkdv_v1_kernel");
+    attention_backward_dq_v1_kernel<NI><<<(unsigned)((wq + 7) / 8), 256>>>(d.dq, d.q, d.k, d.v, d.dout, d.lse, d.D,
+                                                                           s.B, s.T, s.NH, s.NKV, scale);
+    launch_check("attention_backward_dq_v1_kernel");
+}
+
+// flash configuration: warps per block of the forward, dq and dk/dv kernels; kv tile of forward and dq; q tile of dk/dv
+template <int HD, int NW, int BC, int BQ, bool KV_REGS>
+struct Flash {
+    static size_t fwd_smem() { return (size_t)(NW * 16 + 4 * BC) * (HD + PAD) * sizeof(bf16); }
+    static size_t dq_smem() { return (size_t)(2 * NW * 16 + 4 * BC) * (HD + PAD) * sizeof(bf16); }
+    static size_t dkdv_smem() { return (size_t)(2 * NW * 16 + 4 * BQ) * (HD + PAD) * sizeof(bf16) + 4 * BQ * sizeof(float); }
+    static void forward(const Shape &s, const Bufs &d) {
+        static bool init = false;
+        auto kern = attention_forward_flash_kernel<HD, NW, BC>;
+        if (!init) { set_smem(kern, fwd_smem()); init = true; }
+        kern<<<dim3(s.T / (NW * 16), s.NH, s.B), NW * 32, fwd_smem()>>>(d.out, d.lse, d.q, d.k, d.v, s.T, s.NH, s.NKV,
+                                                                     LOG2E / sqrtf((float)HD));
+        launch_check("attention_forward_flash_kernel");
+    }
+    static void backward(const Shape &s, const Bufs &d) {
+        static bool init = false;
+        auto kdkdv = attention_backward_dkdv_flash_kernel<HD, NW, BQ, KV_REGS>;
+        auto kdq = attention_backward_dq_flash_kernel<HD, NW, BC>;
+        if (!init) { set_smem(kdkdv, dkdv_smem()); set_smem(kdq, dq_smem()); init = true; }
+        const float scale = 1.f / sqrtf((float)HD), sl2 = scale * LOG2E;
+        backward_prep<HD>(s, d);
+        kdkdv<<<dim3(s.T / (NW * 16), s.NKV, s.B), NW * 32, dkdv_smem()>>>(d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse,
+                                                                         d.D, s.T, s.NH, s.NKV, scale, sl2);
+        launch_check("attention_backward_dkdv_flash_kernel");
+        kdq<<<dim3(s.T / (NW * 16), s.NH, s.B), NW * 32, dq_smem()>>>(d.dq, d.q, d.k, d.v, d.dout, d.lse, d.D, s.T,
+                                                                    s.NH, s.NKV, scale, sl2);
+        launch_check("attention_backward_dq_flash_kernel");
+    }
+    // registers, local memory and resident blocks per SM of the three kernels, read off the device
+    static void info(const char *tag) {
+        forward_info(tag, "fwd", (const void *)attention_forward_flash_kernel<HD, NW, BC>, NW * 32, fwd_smem());
+        forward_info(tag, "dkdv", (const void *)attention_backward_dkdv_flash_kernel<HD, NW, BQ, KV_REGS>, NW * 32,
+                     dkdv_smem());
+        forward_info(tag, "dq", (const void *)attention_backward_dq_flash_kernel<HD, NW, BC>, NW * 32, dq_smem());
+    }
+    static void forward_info(const char *tag, const char *name, const void *kern, int threads, size_t smem) {
+        cudaFuncAttributes a;
+        int blocks = 0;
+        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        cudaCheck(cudaFuncGetAttributes(&a, kern));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, threads, smem));
+        printf("  %s HD=%d %-4s: %3d regs, %zu B local, %6zu B smem, %d threads, %d blocks/SM (%d warps)\n", tag, HD,
+               name, a.numRegs, (size_t)a.localSizeBytes, smem, threads, blocks, blocks * threads / 32);
+    }
+};
+// v2: 4 warps (64 rows); v3: 8 warps (128 rows). HD=128 dk/dv: q tiles of 32, K/V fragments from smem.
+typedef Flash<64, 4, 64, 64, true> V2_64;
+typedef Flash<128, 4, 64, 32, false> V2_128;
+typedef Flash<64, 8, 64, 64, true> V3_64;
+typedef Flash<128, 8, 64, 32, false> V3_128;
+
+static const int NVERSIONS = 3;
+static const char *version_name[NVERSIONS + 1] = {"", "v1 warp-per-row fp32", "v2 flash mma.sync 4 warps",
+                                                  "v3 flash mma.sync 8 warps"};
+
+// the version's constraints on the shape, or NULL
+static const char *unsupported(int ver, const Shape &s) {
+    if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
+    if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
+    if (ver >= 2 && s.T % 128) { return "T must be a multiple of 128"; }
+    return NULL;
+}
+
+static void run_forward(int ver, const Shape &s, const Bufs &d) {
+    if (ver == 1) { s.HD == 64 ? forward_v1<2>(s, d) : forward_v1<4>(s, d); }
+    else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
+    else { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
+}
+// needs out and lse of a forward run (the backward reads them, as in the trainer)
+static void run_backward(int ver, const Shape &s, const Bufs &d) {
+    if (ver == 1) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }
+    else if (ver == 2) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
+    else { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
+}
+
+static size_t nq_of(const Shape &s) { return (size_t)s.B * s.T * s.NH * s.HD; }
+static size_t nk_of(const Shape &s) { return (size_t)s.B * s.T * s.NKV * s.HD; }
+static size_t nl_of(const Shape &s) { return (size_t)s.B * s.NH * s.T; }
+
+static void alloc_bufs(Bufs &d, const Shape &s) {
+    const size_t nq = nq_of(s), nk = nk_of(s), nl = nl_of(s);
+    cudaCheck(cudaMalloc(&d.q, nq * 2)); cudaCheck(cudaMalloc(&d.out, nq * 2));
+    cudaCheck(cudaMalloc(&d.dout, nq * 2)); cudaCheck(cudaMalloc(&d.dq, nq * 2));
+    cudaCheck(cudaMalloc(&d.k, nk * 2)); cudaCheck(cudaMalloc(&d.v, nk * 2));
+    cudaCheck(cudaMalloc(&d.dk, nk * 2)); cudaCheck(cudaMalloc(&d.dv, nk * 2));
+    cudaCheck(cudaMalloc(&d.lse, nl * 4)); cudaCheck(cudaMalloc(&d.D, nl * 4));
+}
+static void free_bufs(Bufs &d) {
+    void *p[] = {d.q, d.k, d.v, d.out, d.dout, d.dq, d.dk, d.dv, d.lse, d.D};
+    for (void *x : p) { cudaCheck(cudaFree(x)); }
+}
+
+// ----------------------------------------------------------------------------
+// check: fresh random inputs, CPU fp64 reference on the same bf16 values, every
+// output poisoned (all bits 1: NaN in bf16 and fp32) before each run.
+//
+// Tolerance, ||out - ref|| / ||ref|| < 1e-2 for the bf16 outputs: bf16 keeps 8
+// significant bits (unit roundoff 2^-9 = 2e-3), so rounding each output alone
+// gives about 1.7e-3 (--cpu-selftest prints it); the flash versions also round
+// P and dS to bf16 before the second matmul, which adds noise of the same order,
+// averaged over the sum. Expected 1e-3..5e-3; an indexing, masking or race bug
+// gives 1e-1 and up. lse is fp32 from fp32 accumulation: < 1e-4.
+// NaN or Inf anywhere fails. Two runs must also give the same bits (no atomics).
+
+static double rel_err_bf16(const std::vector<uint16_t> &a, const std::vector<double> &ref, bool *finite) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double x = bf2f(a[i]);
+        if (!std::isfinite(x)) { *finite = false; }
+        num += (x - ref[i]) * (x - ref[i]); den += ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+static double rel_err_f32(const std::vector<float> &a, const std::vector<double> &ref, bool *finite) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!std::isfinite(a[i])) { *finite = false; }
+        num += (a[i] - ref[i]) * (a[i] - ref[i]); den += ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+template <typename X>
+static void download(std::vector<X> &h, const void *d, size_t n) {
+    h.resize(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(X), cudaMemcpyDeviceToHost));
+}
+
+static bool check_version(int ver, Shape s, double qsd) {
+    const char *why = unsupported(ver, s);
+    if (why) { printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d: skipped (%s)\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, why); return true; }
+    const size_t nq = nq_of(s), nk = nk_of(s), nl = nl_of(s);
+    std::vector<uint16_t> hq, hk, hv, hdo;
+    std::vector<double> q, k, v, dout;
+    random_bf16(hq, q, nq, qsd);   // qsd > 1: peaky softmax rows, stresses the running max
+    random_bf16(hk, k, nk, 1.0);
+    random_bf16(hv, v, nk, 1.0);
+    random_bf16(hdo, dout, nq, 1.0);
+    std::vector<double> out(nq), lse(nl), dq(nq), dk(nk), dv(nk);
+    cpu_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    cpu_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), lse.data(), s);
+
+    Bufs d;
+    alloc_bufs(d, s);
+    cudaCheck(cudaMemcpy(d.q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.k, hk.data(), nk * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.v, hv.data(), nk * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.dout, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> go[2], gdq[2], gdk[2], gdv[2];
+    std::vector<float> gl[2];
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(d.out, 0xff, nq * 2)); cudaCheck(cudaMemset(d.lse, 0xff, nl * 4));
+        cudaCheck(cudaMemset(d.dq, 0xff, nq * 2)); cudaCheck(cudaMemset(d.dk, 0xff, nk * 2));
+        cudaCheck(cudaMemset(d.dv, 0xff, nk * 2)); cudaCheck(cudaMemset(d.D, 0xff, nl * 4));
+        run_forward(ver, s, d);
+        cudaCheck(cudaDeviceSynchronize());
+        run_backward(ver, s, d);
+        cudaCheck(cudaDeviceSynchronize());
+        download(go[rep], d.out, nq); download(gl[rep], d.lse, nl);
+        download(gdq[rep], d.dq, nq); download(gdk[rep], d.dk, nk); download(gdv[rep], d.dv, nk);
+    }
+    free_bufs(d);
+    bool finite = true;
+    const double eo = rel_err_bf16(go[0], out, &finite), el = rel_err_f32(gl[0], lse, &finite);
+    const double eq = rel_err_bf16(gdq[0], dq, &finite), ek = rel_err_bf16(gdk[0], dk, &finite);
+    const double ev = rel_err_bf16(gdv[0], dv, &finite);
+    const bool same = go[0] == go[1] && gl[0] == gl[1] && gdq[0] == gdq[1] && gdk[0] == gdk[1] && gdv[0] == gdv[1];
+    const double tol = 1e-2;
+    const bool ok = finite && same && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol;
+    printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | %s | "
+           "repeat %s | %s\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, eq, ek, ev,
+           finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS", ok ? "PASS" : "FAIL");
+    return ok;
+}
+
+static bool check(int ver) {
+    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax
+    struct { Shape s; double qsd; } cases[] = {
+        {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
+        {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0}};
+    bool ok = true;
+    for (auto &c : cases) { ok &= check_version(ver, c.s, c.qsd); }
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
+// bench: CUDA events around each call, warm-up, median of reps. FLOPs counted
+// as the causal work of the op: pairs = T(T+1)/2 (query, key) pairs per (b, h);
+// forward 2 matmuls = 4 HD pairs, backward 5 matmuls (S recomputed, dP, dV, dK,
+// dQ) = 10 HD pairs, per (b, h). (v2/v3's split backward executes 7: S and dP in
+// both passes; the table counts the op's 5, as FlashAttention's papers do.)
+// Ceilings (METHOD.md, measured here on an H200, KINDS.md): 790 TFLOP/s dense
+// bf16 (cuBLAS-class wgmma; mma.sync tops out near 60-70% of it), 4.3 TB/s copy.
+
+static const double PEAK_TFLOPS = 790.0, PEAK_TBS = 4.3;
+
+struct BenchRow { int ver; Shape s; double fwd_ms, bwd_ms; };
+
+static double median(std::vector<float> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; }
+
+static void fill_random_device(bf16 *d, size_t n, double sd) {
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; i++) { h[i] = f2bf((float)(sd * rng_normal())); }
+    cudaCheck(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+static void floors(const Shape &s, double *ffl, double *fby, double *bfl, double *bby) {
+    const double pairs = (double)s.B * s.NH * s.T * (s.T + 1) / 2.0;
+    const double nq = (double)nq_of(s), nk = (double)nk_of(s), nl = (double)nl_of(s);
+    *ffl = 4.0 * s.HD * pairs;                                 // FLOPs
+    *fby = 2 * (nq + 2 * nk) + 2 * nq + 4 * nl;                // q, k, v in; out, lse out
+    *bfl = 10.0 * s.HD * pairs;
+    *bby = 2 * (3 * nq + 2 * nk) + 4 * nl + 2 * (nq + 2 * nk); // q, k, v, out, dout, lse in; dq, dk, dv out
+}
+
+static BenchRow bench_one(int ver, Shape s, int reps) {
+    BenchRow row = {ver, s, NAN, NAN};
+    const char *why = unsupported(ver, s);
+    if (why) { printf("v%d: skipped (%s)\n", ver, why); return row; }
+    Bufs d;
+    alloc_bufs(d, s);
+    fill_random_device(d.q, nq_of(s), 1.0); fill_random_device(d.k, nk_of(s), 1.0);
+    fill_random_device(d.v, nk_of(s), 1.0); fill_random_device(d.dout, nq_of(s), 1.0);
+    if (ver == 1) { reps = std::min(reps, 5); }   // v1 is slow; its numbers are for orientation only
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<float> tf, tb;
+    for (int i = 0; i < 3 + reps; i++) {
+        float ms;
+        cudaCheck(cudaEventRecord(e0));
+        run_forward(ver, s, d);
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) { tf.push_back(ms); }
+        cudaCheck(cudaEventRecord(e0));
+        run_backward(ver, s, d);
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 3) { tb.push_back(ms); }
+    }
+    row.fwd_ms = median(tf);
+    row.bwd_ms = median(tb);
+    std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
+    printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
+           "(min %.3f max %.3f), %d reps\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+           row.bwd_ms, tb.front(), tb.back(), reps);
+    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
+    free_bufs(d);
+    return row;
+}
+
+static void print_table(const std::vector<BenchRow> &rows) {
+    printf("\n%-3s %-22s | %9s %8s %6s | %9s %8s %6s | floors fwd/bwd: flop ms, byte ms\n", "ver", "B,T,NH,NKV,HD",
+           "fwd ms", "TFLOP/s", "%790", "bwd ms", "TFLOP/s", "%790");
+    for (const BenchRow &r : rows) {
+        double ffl, fby, bfl, bby;
+        floors(r.s, &ffl, &fby, &bfl, &bby);
+        char sh[64];
+        snprintf(sh, sizeof sh, "%d,%d,%d,%d,%d", r.s.B, r.s.T, r.s.NH, r.s.NKV, r.s.HD);
+        const double ft = ffl / (r.fwd_ms * 1e-3) / 1e12, bt = bfl / (r.bwd_ms * 1e-3) / 1e12;
+        printf("v%-2d %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", r.ver, sh, r.fwd_ms,
+               ft, 100 * ft / PEAK_TFLOPS, r.bwd_ms, bt, 100 * bt / PEAK_TFLOPS, ffl / PEAK_TFLOPS / 1e9,
+               bfl / PEAK_TFLOPS / 1e9, fby / PEAK_TBS / 1e9, bby / PEAK_TBS / 1e9);
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+static void usage() {
+    fprintf(stderr, "usage: attention [--cpu-selftest] [--version N | --all] [--check] [--bench]\n"
+                    "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv) {
+    int ver = 0, reps = 30;
+    bool all = false, do_check = false, do_bench = false, selftest = false, have_shape = false;
+    Shape user = {0, 0, 0, 0, 0};
+    uint64_t seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--version") && i + 1 < argc) { ver = atoi(argv[++i]); }
+        else if (!strcmp(a, "--all")) { all = true; }
+        else if (!strcmp(a, "--check")) { do_check = true; }
+        else if (!strcmp(a, "--bench")) { do_bench = true; }
+        else if (!strcmp(a, "--cpu-selftest")) { selftest = true; }
+        else if (!strcmp(a, "--reps") && i + 1 < argc) { reps = atoi(argv[++i]); }
+        else if (!strcmp(a, "--seed") && i + 1 < argc) { seed = strtoull(argv[++i], NULL, 10); }
+        else if (!strcmp(a, "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &user.B, &user.T, &user.NH, &user.NKV, &user.HD) != 5) { usage(); }
+            have_shape = true;
+        } else { usage(); }
+    }
+    rng_state = seed;
+    printf("seed %llu\n", (unsigned long long)seed);
+    if (selftest) { return cpu_selftest(); }
+    if (!all && (ver < 1 || ver > NVERSIONS)) { usage(); }
+    if (!do_check && !do_bench) {
+        if (!all) { usage(); }
+        do_check = do_bench = true;
+    }
+    if (reps < 1) { usage(); }
+
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, %.0f MB L2, %zu KB smem/block opt-in\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize / 1e6, prop.sharedMemPerBlockOptin / 1024);
+    const int v0 = all ? 1 : ver, v1 = all ? NVERSIONS : ver;
+    bool ok = true;
+    if (do_check) {
+        sync_launches = true;   // attribute an execution error to its kernel
+        for (int x = v0; x <= v1; x++) {
+            printf("--- check %s\n", version_name[x]);
+            ok &= check(x);
+        }
+        sync_launches = false;
+        printf("check: %s\n", ok ? "PASS" : "FAIL");
+    }
+    if (do_bench) {
+        std::vector<Shape> shapes;
+        if (have_shape) { shapes.push_back(user); }
+        else {
+            shapes.push_back({16, 2048, 8, 4, 64});    // 100m: C=512
+            shapes.push_back({16, 1024, 16, 8, 64});   // 350m: C=1024
+            shapes.push_back({16, 1024, 16, 8, 128});  // 1b:   C=2048
+        }
+        printf("kernel resources:\n");
+        if (v0 <= 2 && v1 >= 2) { V2_64::info("v2"); V2_128::info("v2"); }
+        if (v0 <= 3 && v1 >= 3) { V3_64::info("v3"); V3_128::info("v3"); }
+        std::vector<BenchRow> rows;
+        for (const Shape &s : shapes)
+            for (int x = v0; x <= v1; x++) {
+                if (do_check && !ok) { break; }   // never time a version that failed its check
+                rows.push_back(bench_one(x, s, reps));
+            }
+        print_table(rows);
+    }
+    return ok ? 0 : 1;
+}

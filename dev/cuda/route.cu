@@ -1,0 +1,1505 @@
+/*
+dev/cuda/route.cu: kernel lab for MHAR routing (issue 5, "CUDA trainer speed",
+the routing part). Developed here, alone, before anything moves into
+train_mhar.cu. SPEC.md section 4 (routing and its backward) and section 5
+(block mode) are the contract; common/config.h gives the slot geometry
+(site_sources), which this file uses as is.
+
+Build (from the repository root):
+    nvcc -O3 -arch=sm_90a -o route dev/cuda/route.cu
+Run:
+    ./route --cpu-selftest          float64 reference vs central differences, S=1 == full
+                                    mode, bf16 storage error per output; no GPU needed
+    ./route --bytes [shape flags]   byte counts per version; no GPU needed
+    ./route --version N --check     version N against the float64 reference (fresh random inputs)
+    ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
+    ./route --all                   --check and --bench of every version
+  shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
+
+What is timed: a whole-model routing pass with the sublayers replaced by fixed
+random outputs. Inputs: slots [2L+1, N, C] bf16 (the sources, written before
+routing starts), per site j: q_j, gamma_j (routing) and g_j (the RMSNorm that
+follows the site), all fp32, and dU_j [N, C] fp32 = dL/du_j, the gradient the
+sublayer's backward would hand back. Forward, for j = 0 .. 2L:
+    h_j = route_j(sources of j)   (bf16, kept for the norm backward)
+    u_j = rmsnorm(h_j; g_j)       (bf16, the sublayer input), rstd_j (fp32)
+    a_j (N, H, n_j) fp32 weights and/or lse_j (N, H) fp32 log-sum-exp per head
+Backward, j = 2L .. 0: G_j = dL/dh_j from the norm backward, dg_j; then the
+routing backward: dq_j, dgamma_j and the routing part of dslots [2L+1, N, C]
+fp32 (the sum over every site that reads a slot; the block-mode pass-through
+dslot_j += dslot_{j+1} belongs to the sublayer chain, not to routing).
+
+Versions (NOTES_route.md has the byte counts and predictions):
+  v1  simple, per site: route kernel (scores, per-head softmax, mix; a stored)
+      + separate RMSNorm; backward: norm backward (fp32 G), route backward that
+      read-modify-writes the fp32 dslots of every (site, source) pair, and a
+      separate pass over the sources for dq/dgamma. The trainer's algorithm today.
+  v2  fused: forward is one pass over the sources with an online softmax per
+      head, the RMSNorm applied in the epilogue (writes h, u, rstd, lse; a only
+      when asked, for the check). Backward per site fused too: norm backward,
+      then one pass over the sources (a recomputed from lse), dq/dgamma/dg
+      partials in the same pass; dslots still read-modify-written per pair.
+  v3  v2's forward; backward "gather" (issue 5 idea (b)): per site only a small
+      kernel (norm backward, stores G_j in bf16 and S_j[h] = G_j[h].h_j[h]);
+      then, once per slot k, one kernel sums the contributions of ALL sites that
+      read slot k (p, e, a, ds recomputed from v_k, G_j, lse_j, S_j) and writes
+      dslot_k once. No fp32 read-modify-write, no per-pair pass over sources.
+
+Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
+dg) are written as per-block partials and summed in a fixed order.
+
+The GPU versions have NOT been run yet: this file was written and compiled on
+a machine without a GPU. --cpu-selftest and --bytes ran there.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <vector>
+#include <algorithm>
+#include "../../common/config.h"
+
+typedef __nv_bfloat16 bf16;
+
+// ----------------------------------------------------------------------------
+// Checked CUDA calls
+
+static void cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "error: CUDA: %s in %s (%s:%d)\n", cudaGetErrorString(e), what, file, line);
+        exit(1);
+    }
+}
+#define CK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define LAUNCH_CHECK() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+static unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+// ----------------------------------------------------------------------------
+// Host bf16 (round to nearest even), independent of the device headers
+
+static uint16_t f2bf_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return 0x7fc0; }   // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf_bits2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double bfr(double x) { return bf_bits2f(f2bf_bits((float)x)); }   // round through bf16
+
+// ----------------------------------------------------------------------------
+// Problem geometry: the sites' sources (config.h) and, per slot, its readers.
+
+struct Prob {
+    int L, S, C, H, N, J;
+    int P;                      // sum over sites of n_j (the (site, source) pairs)
+    int nmax;                   // max n_j, max readers
+    std::vector<int> n;         // (J) sources per site
+    std::vector<int> src;       // (J, J) row j: the slots site j reads, in softmax order
+    std::vector<int> pair_off;  // (J+1) offset of site j's pairs (for a)
+    std::vector<int> nr;        // (J) readers per slot
+    std::vector<int> rd;        // (J, J) row k: the sites reading slot k, increasing
+};
+
+// full_lists: build the full-mode lists 0..j by hand instead of site_sources
+// (the self-test compares the two for S = 1).
+static Prob make_prob(int L, int S, int C, int H, int N, bool full_lists = false) {
+    Prob p;
+    p.L = L; p.S = S; p.C = C; p.H = H; p.N = N; p.J = 2 * L + 1;
+    Config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.mode = RES_MHAR; cfg.L = L; cfg.C = C; cfg.H = H; cfg.S = S;
+    p.n.assign(p.J, 0); p.src.assign((size_t)p.J * p.J, -1);
+    p.nr.assign(p.J, 0); p.rd.assign((size_t)p.J * p.J, -1);
+    p.pair_off.assign(p.J + 1, 0);
+    std::vector<int> buf(1024);
+    for (int j = 0; j < p.J; j++) {
+        int n;
+        if (full_lists) { n = j + 1; for (int i = 0; i < n; i++) { buf[i] = i; } }
+        else { n = site_sources(&cfg, j, buf.data()); }
+        p.n[j] = n;
+        for (int i = 0; i < n; i++) { p.src[(size_t)j * p.J + i] = buf[i]; }
+        p.pair_off[j + 1] = p.pair_off[j] + n;
+    }
+    for (int j = 0; j < p.J; j++) {   // readers in increasing site order
+        for (int i = 0; i < p.n[j]; i++) {
+            int k = p.src[(size_t)j * p.J + i];
+            p.rd[(size_t)k * p.J + p.nr[k]++] = j;
+        }
+    }
+    p.P = p.pair_off[p.J];
+    p.nmax = 0;
+    for (int j = 0; j < p.J; j++) { p.nmax = std::max(p.nmax, std::max(p.n[j], p.nr[j])); }
+    return p;
+}
+
+// ----------------------------------------------------------------------------
+// CPU reference, float64, whole model. SPEC section 4 term by term.
+//
+// Emulation switches reproduce where a GPU version rounds to bf16, so that
+// (emulated - exact) measures the error that storage alone causes; the GPU
+// check's tolerance per output is derived from it (see check_version).
+struct Emu {
+    bool round_h;    // h stored in bf16 and read back by the norm backward (all versions)
+    bool round_u;    // u written in bf16 (all versions)
+    bool round_G;    // G_j stored in bf16 and read by the gather (v3)
+    bool S_from_h;   // S_h = G[h].h_stored[h] instead of sum_i a p (v2, v3)
+};
+static const Emu EMU_EXACT = {false, false, false, false};
+
+struct Ref {
+    std::vector<double> r;                   // (J, N)
+    std::vector<double> h, hst, u, rstd;     // (J, N, C), hst = h as stored; rstd (J, N)
+    std::vector<double> a, lse;              // (pairs, N, H) at pair_off[j]*N*H; (J, N, H)
+    std::vector<double> dslots, dq, dgamma, dg;   // (J, N, C); (J, C) x3
+};
+
+// Forward of every site. slots (J, N, C); q, gm, g (J, C).
+static void ref_forward(const Prob &P, const double *slots, const double *q, const double *gm, const double *g,
+                        const Emu &E, Ref &R) {
+    const int C = P.C, H = P.H, HC = C / H, J = P.J;
+    const size_t N = P.N;
+    R.r.assign(J * N, 0);
+    for (size_t k = 0; k < (size_t)J * N; k++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += slots[k * C + c] * slots[k * C + c]; }
+        R.r[k] = 1 / sqrt(ss / C + 1e-6);
+    }
+    R.h.assign(J * N * C, 0); R.hst.assign(J * N * C, 0); R.u.assign(J * N * C, 0);
+    R.rstd.assign(J * N, 0); R.a.assign((size_t)P.P * N * H, 0); R.lse.assign(J * N * H, 0);
+    std::vector<double> s;
+    for (int j = 0; j < J; j++) {
+        const int n = P.n[j];
+        const int *src = &P.src[(size_t)j * J];
+        s.assign((size_t)H * n, 0);
+        for (size_t t = 0; t < N; t++) {
+            for (int i = 0; i < n; i++) {
+                const double *v = slots + ((size_t)src[i] * N + t) * C;
+                for (int hh = 0; hh < H; hh++) {
+                    double e = 0;
+                    for (int c = hh * HC; c < (hh + 1) * HC; c++) { e += q[j * C + c] * gm[j * C + c] * v[c]; }
+                    s[(size_t)hh * n + i] = R.r[(size_t)src[i] * N + t] * e;
+                }
+            }
+            double *at = &R.a[(size_t)P.pair_off[j] * N * H + t * H * n];   // (N, H, n) of site j
+            for (int hh = 0; hh < H; hh++) {
+                double mx = -INFINITY, sum = 0;
+                for (int i = 0; i < n; i++) { mx = std::max(mx, s[(size_t)hh * n + i]); }
+                for (int i = 0; i < n; i++) { sum += exp(s[(size_t)hh * n + i] - mx); }
+                for (int i = 0; i < n; i++) { at[(size_t)hh * n + i] = exp(s[(size_t)hh * n + i] - mx) / sum; }
+                R.lse[((size_t)j * N + t) * H + hh] = mx + log(sum);
+            }
+            double *h = &R.h[((size_t)j * N + t) * C];
+            for (int c = 0; c < C; c++) {
+                double o = 0;
+                for (int i = 0; i < n; i++) { o += at[(size_t)(c / HC) * n + i] * slots[((size_t)src[i] * N + t) * C + c]; }
+                h[c] = o;
+            }
+            double ss = 0;
+            for (int c = 0; c < C; c++) { ss += h[c] * h[c]; }
+            double rs = 1 / sqrt(ss / C + 1e-6);
+            R.rstd[(size_t)j * N + t] = rs;
+            for (int c = 0; c < C; c++) {
+                double uu = h[c] * rs * g[j * C + c];
+                R.u[((size_t)j * N + t) * C + c] = E.round_u ? bfr(uu) : uu;
+                R.hst[((size_t)j * N + t) * C + c] = E.round_h ? bfr(h[c]) : h[c];
+            }
+        }
+    }
+}
+
+// Backward of every site in reverse order, given dU (J, N, C). Uses R's forward.
+static void ref_backward(const Prob &P, const double *slots, const double *q, const double *gm, const double *g,
+                         const double *dU, const Emu &E, Ref &R) {
+    const int C = P.C, H = P.H, HC = C / H, J = P.J;
+    const size_t N = P.N;
+    R.dslots.assign(J * N * C, 0); R.dq.assign((size_t)J * C, 0); R.dgamma.assign((size_t)J * C, 0);
+    R.dg.assign((size_t)J * C, 0);
+    std::vector<double> G(C), Gp(C), acc(C), p, e, ds, S(H);
+    for (int j = J - 1; j >= 0; j--) {
+        const int n = P.n[j];
+        const int *src = &P.src[(size_t)j * J];
+        p.assign((size_t)H * n, 0); e.assign((size_t)H * n, 0); ds.assign((size_t)H * n, 0);
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (size_t t = 0; t < N; t++) {
+            // u = rmsnorm(h; g): G = rstd (g dU - xhat mean(g dU xhat)), dg += dU xhat
+            const double *hs = &R.hst[((size_t)j * N + t) * C], *du = dU + ((size_t)j * N + t) * C;
+            double rs = R.rstd[(size_t)j * N + t], mm = 0;
+            for (int c = 0; c < C; c++) { mm += g[j * C + c] * du[c] * hs[c] * rs; }
+            mm /= C;
+            for (int c = 0; c < C; c++) {
+                double xh = hs[c] * rs;
+                G[c] = rs * (g[j * C + c] * du[c] - xh * mm);
+                Gp[c] = E.round_G ? bfr(G[c]) : G[c];
+                R.dg[(size_t)j * C + c] += du[c] * xh;
+            }
+            const double *at = &R.a[(size_t)P.pair_off[j] * N * H + t * H * n];
+            for (int i = 0; i < n; i++) {
+                const double *v = slots + ((size_t)src[i] * N + t) * C;
+                for (int hh = 0; hh < H; hh++) {
+                    double pp = 0, ee = 0;
+                    for (int c = hh * HC; c < (hh + 1) * HC; c++) { pp += Gp[c] * v[c]; ee += q[j * C + c] * gm[j * C + c] * v[c]; }
+                    p[(size_t)hh * n + i] = pp; e[(size_t)hh * n + i] = ee;
+                }
+            }
+            for (int hh = 0; hh < H; hh++) {
+                double Sh = 0;
+                if (E.S_from_h) { for (int c = hh * HC; c < (hh + 1) * HC; c++) { Sh += G[c] * hs[c]; } }
+                else { for (int i = 0; i < n; i++) { Sh += at[(size_t)hh * n + i] * p[(size_t)hh * n + i]; } }
+                S[hh] = Sh;
+                for (int i = 0; i < n; i++) { ds[(size_t)hh * n + i] = at[(size_t)hh * n + i] * (p[(size_t)hh * n + i] - Sh); }
+            }
+            for (int i = 0; i < n; i++) {
+                const double *v = slots + ((size_t)src[i] * N + t) * C;
+                double *dv = &R.dslots[((size_t)src[i] * N + t) * C];
+                double ri = R.r[(size_t)src[i] * N + t], uv = 0;
+                for (int hh = 0; hh < H; hh++) { uv += ds[(size_t)hh * n + i] * e[(size_t)hh * n + i]; }
+                for (int c = 0; c < C; c++) {
+                    int hh = c / HC;
+                    double dsh = ds[(size_t)hh * n + i], qg = q[j * C + c] * gm[j * C + c];
+                    dv[c] += ri * dsh * qg - ri * ri * ri / C * uv * v[c] + at[(size_t)hh * n + i] * Gp[c];
+                    acc[c] += dsh * ri * v[c];
+                }
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            R.dq[(size_t)j * C + c] = gm[j * C + c] * acc[c];
+            R.dgamma[(size_t)j * C + c] = q[j * C + c] * acc[c];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Random inputs (fresh per check; the seed is printed)
+
+struct HostIn {
+    std::vector<uint16_t> slots;           // (J, N, C) bf16 bits
+    std::vector<float> q, gm, g, dU;       // (J, C) x3, (J, N, C)
+};
+static HostIn make_inputs(const Prob &P, uint64_t seed) {
+    HostIn in;
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 7;
+    const size_t N = P.N, C = P.C, J = P.J;
+    in.slots.resize(J * N * C);
+    for (size_t k = 0; k < J; k++) {
+        double scale = 0.5 + 1.5 * rng_f32(&rng);   // sources of different sizes, like real outputs
+        for (size_t x = 0; x < N * C; x++) { in.slots[k * N * C + x] = f2bf_bits((float)(scale * rng_normal(&rng))); }
+    }
+    in.q.resize(J * C); in.gm.resize(J * C); in.g.resize(J * C); in.dU.resize(J * N * C);
+    for (size_t x = 0; x < J * C; x++) {
+        in.q[x] = (float)(0.3 * rng_normal(&rng));   // scores spread a few units: a is far from uniform
+        in.gm[x] = (float)(1 + 0.2 * rng_normal(&rng));
+        in.g[x] = (float)(1 + 0.2 * rng_normal(&rng));
+    }
+    for (size_t x = 0; x < J * N * C; x++) { in.dU[x] = (float)rng_normal(&rng); }
+    return in;
+}
+static std::vector<double> to_d(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
+static std::vector<double> bf_to_d(const std::vector<uint16_t> &v) {
+    std::vector<double> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) { o[i] = bf_bits2f(v[i]); }
+    return o;
+}
+
+// ||x - y|| / ||y||; infinite when x holds a NaN or an infinity (NaN never passes)
+static double rel_err(const double *x, const double *y, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(x[i])) { return INFINITY; }
+        num += (x[i] - y[i]) * (x[i] - y[i]);
+        den += y[i] * y[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// ----------------------------------------------------------------------------
+// CPU self-test: no GPU needed.
+
+// L = sum_j sum_{t,c} dU_j u_j, the scalar whose gradient the backward computes
+static double ref_loss(const Prob &P, const std::vector<double> &slots, const std::vector<double> &q,
+                       const std::vector<double> &gm, const std::vector<double> &g, const std::vector<double> &dU) {
+    Ref R;
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, R);
+    double L = 0;
+    for (size_t x = 0; x < R.u.size(); x++) { L += dU[x] * R.u[x]; }
+    return L;
+}
+
+// Central differences on every input element of a small problem.
+static bool selftest_fd(int L, int S, int C, int H, int N, uint64_t seed) {
+    Prob P = make_prob(L, S, C, H, N);
+    HostIn in = make_inputs(P, seed);
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref R;
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, R);
+    ref_backward(P, slots.data(), q.data(), gm.data(), g.data(), dU.data(), EMU_EXACT, R);
+    struct { const char *name; std::vector<double> *x; const std::vector<double> *grad; } tab[] = {
+        {"slots", &slots, &R.dslots}, {"q", &q, &R.dq}, {"gamma", &gm, &R.dgamma}, {"g", &g, &R.dg}};
+    bool ok = true;
+    printf("  FD  L=%d S=%d C=%d H=%d N=%d (%d sites, %d pairs):", L, S, C, H, N, P.J, P.P);
+    for (auto &e : tab) {
+        double num = 0, den = 0;
+        for (size_t k = 0; k < e.x->size(); k++) {
+            double x0 = (*e.x)[k], eps = 1e-5 * std::max(1.0, fabs(x0));
+            (*e.x)[k] = x0 + eps; double lp = ref_loss(P, slots, q, gm, g, dU);
+            (*e.x)[k] = x0 - eps; double lm = ref_loss(P, slots, q, gm, g, dU);
+            (*e.x)[k] = x0;
+            double fd = (lp - lm) / (2 * eps), an = (*e.grad)[k];
+            num += (fd - an) * (fd - an); den += an * an;
+        }
+        double err = sqrt(num / den);
+        ok = ok && err < 1e-7;
+        printf("  %s %.1e", e.name, err);
+    }
+    printf("  %s\n", ok ? "ok" : "FAIL");
+    return ok;
+}
+
+// Block mode with S = 1 must be exactly full mode: same bits from both lists.
+static bool selftest_s1(uint64_t seed) {
+    Prob Pb = make_prob(3, 1, 24, 3, 5), Pf = make_prob(3, 1, 24, 3, 5, true);
+    bool same_lists = Pb.src == Pf.src && Pb.n == Pf.n;
+    HostIn in = make_inputs(Pb, seed);
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref Rb, Rf;
+    for (auto pr : {std::make_pair(&Pb, &Rb), std::make_pair(&Pf, &Rf)}) {
+        ref_forward(*pr.first, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, *pr.second);
+        ref_backward(*pr.first, slots.data(), q.data(), gm.data(), g.data(), dU.data(), EMU_EXACT, *pr.second);
+    }
+    bool same = same_lists && Rb.u == Rf.u && Rb.a == Rf.a && Rb.dslots == Rf.dslots && Rb.dq == Rf.dq &&
+                Rb.dgamma == Rf.dgamma && Rb.dg == Rf.dg;
+    printf("  block S=1 vs full mode (L=3): source lists %s, outputs and gradients %s\n",
+           same_lists ? "equal" : "DIFFER", same ? "bit-identical" : "DIFFER");
+    // and block mode really is different for S = 2 (site 4 of L=3 reads b0, b1, b2 = slots 0, 2, 4)
+    Prob P2 = make_prob(3, 2, 24, 3, 5);
+    bool s2 = P2.n[4] == 3 && P2.src[4 * P2.J + 0] == 0 && P2.src[4 * P2.J + 1] == 2 && P2.src[4 * P2.J + 2] == 4 &&
+              P2.n[5] == 4 && P2.src[5 * P2.J + 3] == 5;
+    printf("  block S=2 geometry (site 4 reads slots 0,2,4; site 5 reads 0,2,4,5): %s\n", s2 ? "ok" : "FAIL");
+    return same && s2;
+}
+
+static const char *OUT_NAMES[] = {"h", "u", "rstd", "a", "lse", "dslots", "dq", "dgamma", "dg"};
+enum { O_H, O_U, O_RSTD, O_A, O_LSE, O_DSLOTS, O_DQ, O_DGAMMA, O_DG, NUM_OUT };
+static const std::vector<double> &ref_out(const Ref &R, int o) {
+    switch (o) {
+    case O_H: return R.h; case O_U: return R.u; case O_RSTD: return R.rstd; case O_A: return R.a;
+    case O_LSE: return R.lse; case O_DSLOTS: return R.dslots; case O_DQ: return R.dq;
+    case O_DGAMMA: return R.dgamma; default: return R.dg;
+    }
+}
+// The outputs a version's storage rounds, for the emulated reference
+static Emu version_emu(int ver) {
+    Emu e = {true, true, ver == 3, ver >= 2};
+    return e;
+}
+
+// err_emu[o] = ||emulated - exact|| / ||exact||: the error bf16 storage alone causes
+static void emu_errors(const Prob &P, const HostIn &in, const Ref &Rx, int ver, double err[NUM_OUT]) {
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref Re;
+    Emu E = version_emu(ver);
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), E, Re);
+    ref_backward(P, slots.data(), q.data(), gm.data(), g.data(), dU.data(), E, Re);
+    for (int o = 0; o < NUM_OUT; o++) {
+        const std::vector<double> &y = ref_out(Rx, o);
+        const std::vector<double> &x = o == O_H ? Re.hst : ref_out(Re, o);   // h is compared as stored
+        err[o] = rel_err(x.data(), y.data(), y.size());
+    }
+}
+
+static int cpu_selftest(uint64_t seed) {
+    printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
+    bool ok = true;
+    ok &= selftest_fd(2, 1, 16, 4, 2, seed + 1);
+    ok &= selftest_fd(2, 1, 16, 1, 2, seed + 2);
+    ok &= selftest_fd(2, 2, 16, 4, 2, seed + 3);
+    ok &= selftest_fd(3, 3, 16, 2, 2, seed + 4);
+    ok &= selftest_s1(seed + 5);
+    // What bf16 storage costs each output: the basis of the GPU tolerances
+    Prob P = make_prob(12, 1, 512, 8, 48);
+    HostIn in = make_inputs(P, seed + 6);
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref Rx;
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, Rx);
+    ref_backward(P, slots.data(), q.data(), gm.data(), g.data(), dU.data(), EMU_EXACT, Rx);
+    printf("  bf16 storage error ||emulated - exact|| / ||exact||, L=12 C=512 H=8 N=48:\n  %-4s", "ver");
+    for (int o = 0; o < NUM_OUT; o++) { printf(" %9s", OUT_NAMES[o]); }
+    printf("\n");
+    for (int ver = 1; ver <= 3; ver++) {
+        double err[NUM_OUT];
+        emu_errors(P, in, Rx, ver, err);
+        printf("  v%-3d", ver);
+        for (int o = 0; o < NUM_OUT; o++) { printf(" %9.2e", err[o]); }
+        printf("\n");
+    }
+    printf("CPU self-test: %s\n", ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+}
+
+// ----------------------------------------------------------------------------
+// Byte counts: the DRAM bytes each version moves if every buffer is read or
+// written once per kernel that touches it (re-reads inside one kernel assumed
+// to hit L1/L2; params and lists ignored). Per step; divide by N for a token.
+
+struct Bytes { double fwd, bwd; };
+static Bytes count_bytes(const Prob &P, int ver) {
+    const double N = P.N, C = P.C, H = P.H, J = P.J, Pp = P.P;
+    const double V = 2 * C, F = 4 * C;                 // one bf16 vector, one fp32 vector
+    const double nblk = ceil(N / 32), npart = ceil(N / 256);
+    Bytes b;
+    double stats = J * N * (V + 4);                    // r_i: read each slot once, write r
+    if (ver == 1) {
+        b.fwd = stats + N * (Pp * (V + 4)              // sources + r
+                             + Pp * H * 4              // a (scores, then weights, in cache)
+                             + J * H * 4 + J * V       // lse, h
+                             + J * (V + V + 4));       // rmsnorm: read h, write u, rstd
+        b.bwd = N * J * F                              // memset dslots
+                + N * J * (F + V + 4 + F)              // norm backward: dU, h, rstd -> G fp32
+                + 2 * J * nblk * F                     // dg partials
+                + N * (J * F + Pp * H * 4              // route backward: G, a
+                       + Pp * (V + 4)                  // sources, r
+                       + Pp * 2 * F                    // dslots read-modify-write
+                       + Pp * H * 4)                   // ds
+                + N * Pp * (H * 4 + V + 4)             // dq/dgamma pass: ds, sources, r
+                + 2 * J * npart * F;                   // its partials
+    } else {
+        b.fwd = stats + N * (Pp * (V + 4) + J * (V + V + 4 + H * 4));   // sources, r; h, u, rstd, lse
+        if (ver == 2) {
+            b.bwd = N * J * F                          // memset dslots
+                    + N * J * (F + V + 4 + H * 4)      // dU, h, rstd, lse
+                    + N * Pp * (V + 4 + 2 * F)         // sources, r, dslots read-modify-write
+                    + 2 * 2 * J * nblk * F;            // dq/dgamma and dg partials
+        } else {
+            b.bwd = N * J * (F + V + 4 + V + H * 4)    // site: dU, h, rstd -> G bf16, S
+                    + 2 * J * nblk * F                 // dg partials
+                    + N * J * (V + 4 + F)              // gather: v_k, r_k, write dslot_k
+                    + N * Pp * (V + 2 * H * 4)         // per reader: G_j, S_j, lse_j
+                    + N * Pp * H * 4 * 2               // ds r scratch: write, read
+                    + N * J * V                        // dq/dgamma pass re-reads v_k
+                    + 2 * Pp * npart * F;              // its partials
+        }
+    }
+    return b;
+}
+
+// ----------------------------------------------------------------------------
+// GPU: common device helpers
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) { x += __shfl_xor_sync(0xffffffffu, x, o); }
+    return x;
+}
+__device__ __forceinline__ uint4 ld_raw(const bf16 *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+__device__ __forceinline__ void unpack8(uint4 raw, float (&x)[8]) {
+    const __nv_bfloat162 *b = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; k++) { float2 f = __bfloat1622float2(b[k]); x[2 * k] = f.x; x[2 * k + 1] = f.y; }
+}
+__device__ __forceinline__ void st_bf8(bf16 *p, const float (&x)[8]) {
+    uint4 raw;
+    __nv_bfloat162 *b = reinterpret_cast<__nv_bfloat162 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; k++) { b[k] = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]); }
+    *reinterpret_cast<uint4 *>(p) = raw;
+}
+__device__ __forceinline__ void ld_f8(const float *p, float (&x)[8]) {
+    float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+__device__ __forceinline__ void st_f8(float *p, const float (&x)[8]) {
+    *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4 *>(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
+}
+
+// Lane layout of the fast kernels (v2, v3): one warp per position; a vector of
+// C channels is NCH = C/256 chunks of 256, and lane l holds channels
+// ch*256 + 8l .. +8 of each chunk (16-byte loads, coalesced). Routing head
+// hd = c / HC; the lanes sharing a head inside a chunk are SEG consecutive
+// lanes, so a per-head sum is a butterfly over SEG lanes (then over CPH chunks
+// when a head is wider than a chunk).
+template <int C, int H> struct Geo {
+    static constexpr int NCH = C / 256;
+    static constexpr int HC = C / H;
+    static constexpr int SEG = HC >= 256 ? 32 : HC / 8;
+    static constexpr int CPH = HC > 256 ? HC / 256 : 1;
+    static_assert(C % 256 == 0, "C must be a multiple of 256");
+    static_assert(HC % 8 == 0 && (HC <= 256 ? 256 % HC == 0 : HC % 256 == 0), "C/H must be 8,16,..,256 or a multiple of 256");
+};
+template <int C, int H> __device__ __forceinline__ int head_of(int ch, int lane) { return (ch * 256 + lane * 8) / Geo<C, H>::HC; }
+template <int C, int H> __device__ __forceinline__ bool head_first(int ch, int lane) { return (ch * 256 + lane * 8) % Geo<C, H>::HC == 0; }
+
+// x[ch] (this lane's partial of its head in chunk ch) -> the head's full sum, in every lane
+template <int C, int H> __device__ __forceinline__ void head_sum(float (&x)[C / 256]) {
+    constexpr int NCH = Geo<C, H>::NCH, SEG = Geo<C, H>::SEG, CPH = Geo<C, H>::CPH;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int o = 1; o < SEG; o <<= 1) { x[ch] += __shfl_xor_sync(0xffffffffu, x[ch], o); }
+    }
+    if constexpr (CPH > 1) {
+#pragma unroll
+        for (int g0 = 0; g0 < NCH; g0 += CPH) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPH; k++) { s += x[g0 + k]; }
+#pragma unroll
+            for (int k = 0; k < CPH; k++) { x[g0 + k] = s; }
+        }
+    }
+}
+
+#define POS_PER_BLOCK 32   // positions per block in kernels that write per-block partials (8 warps x 4)
+#define PART_ROWS 256      // positions per partition in the channel-major partial kernels
+
+// r (rows) = 1 / sqrt(|v|^2 / C + 1e-6), one warp per row of v (rows, C) bf16.
+// All versions: the statistic of a source, once per source.
+__global__ void source_stat_kernel(float *r, const bf16 *v, size_t rows, int C) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    float ss = 0.0f;
+    for (int c = lane * 8; c < C; c += 256) {
+        float x[8];
+        unpack8(ld_raw(v + row * C + c), x);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { ss += x[k] * x[k]; }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) { r[row] = 1.0f / sqrtf(ss / C + 1e-6f); }
+}
+
+// out[c] = sa[c] * sum_p part[p][c] (sa NULL: 1); outb[c] = sb[c] * the same sum (if outb).
+// Partition order fixed: deterministic. part (P, C).
+__global__ void reduce_part_kernel(float *out, const float *sa, float *outb, const float *sb, const float *part, int P, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += part[(size_t)p * C + c]; }
+    out[c] = sa ? sa[c] * s : s;
+    if (outb) { outb[c] = sb[c] * s; }
+}
+
+// ----------------------------------------------------------------------------
+// v1: the simple kernels (runtime C and H, scalar loads, fp32 math)
+
+// One site forward: a (N, H, n) weights, lse (N, H), h (N, C) bf16.
+// One warp per position: per (head, source) a warp dot product for the score,
+// a per-head softmax by lanes h, then the mix one channel per lane (re-reads
+// the sources, from L1/L2).
+__global__ void route_fwd_v1_kernel(bf16 *hout, float *a, float *lse, const bf16 *slots, const float *r,
+                                    const int *src, int n, const float *q, const float *gm, int N, int C, int H) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32, HC = C / H;
+    if (t >= N) { return; }
+    float *at = a + (size_t)t * H * n;
+    for (int i = 0; i < n; i++) {
+        const bf16 *vi = slots + ((size_t)src[i] * N + t) * C;
+        float ri = r[(size_t)src[i] * N + t];
+        for (int hh = 0; hh < H; hh++) {
+            float d = 0.0f;
+            for (int c = hh * HC + lane; c < (hh + 1) * HC; c += 32) { d += q[c] * gm[c] * __bfloat162float(vi[c]); }
+            d = warp_sum(d);
+            if (lane == 0) { at[hh * n + i] = ri * d; }
+        }
+    }
+    __syncwarp();
+    for (int hh = lane; hh < H; hh += 32) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < n; i++) { mx = fmaxf(mx, at[hh * n + i]); }
+        for (int i = 0; i < n; i++) { float e = expf(at[hh * n + i] - mx); at[hh * n + i] = e; sum += e; }
+        for (int i = 0; i < n; i++) { at[hh * n + i] /= sum; }
+        lse[(size_t)t * H + hh] = mx + logf(sum);
+    }
+    __syncwarp();
+    for (int c = lane; c < C; c += 32) {
+        int hh = c / HC;
+        float o = 0.0f;
+        for (int i = 0; i < n; i++) { o += at[hh * n + i] * __bfloat162float(slots[((size_t)src[i] * N + t) * C + c]); }
+        hout[(size_t)t * C + c] = __float2bfloat16(o);
+    }
+}
+
+// u (N, C) = rmsnorm(h; g) in bf16, rstd (N). One warp per position.
+__global__ void rmsnorm_fwd_v1_kernel(bf16 *u, float *rstd, const bf16 *h, const float *g, int N, int C) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= N) { return; }
+    const bf16 *x = h + (size_t)t * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) { float v = __bfloat162float(x[c]); ss += v * v; }
+    ss = warp_sum(ss);
+    float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+    for (int c = lane; c < C; c += 32) { u[(size_t)t * C + c] = __float2bfloat16(__bfloat162float(x[c]) * rs * g[c]); }
+    if (lane == 0) { rstd[t] = rs; }
+}
+
+// Norm backward: G (N, C) fp32 = dL/dh; part_dg (nblk, C) per-block sums of dU * xhat.
+// Block of 8 warps = POS_PER_BLOCK positions; each warp sums its positions into
+// its own shared row, rows then added in order. Dynamic shared memory 8*C floats.
+__global__ void rmsnorm_bwd_v1_kernel(float *G, float *part_dg, const float *dU, const bf16 *h, const float *rstd,
+                                      const float *g, int N, int C) {
+    extern __shared__ float rows[];   // (8, C)
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *mine = rows + (size_t)w * C;
+    for (int c = lane; c < C; c += 32) { mine[c] = 0.0f; }
+    for (int k = 0; k < POS_PER_BLOCK / 8; k++) {
+        int t = blockIdx.x * POS_PER_BLOCK + k * 8 + w;
+        if (t >= N) { continue; }
+        const float *du = dU + (size_t)t * C;
+        const bf16 *x = h + (size_t)t * C;
+        float rs = rstd[t], m = 0.0f;
+        for (int c = lane; c < C; c += 32) { m += g[c] * du[c] * __bfloat162float(x[c]) * rs; }
+        m = warp_sum(m) / C;
+        for (int c = lane; c < C; c += 32) {
+            float xh = __bfloat162float(x[c]) * rs;
+            G[(size_t)t * C + c] = rs * (g[c] * du[c] - xh * m);
+            mine[c] += du[c] * xh;
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < 8; k++) { s += rows[(size_t)k * C + c]; }
+        part_dg[(size_t)blockIdx.x * C + c] = s;
+    }
+}
+
+// One site backward (routing part): adds into dslots (fp32) for each of the
+// site's n sources, writes ds (N, H, n) for the dq/dgamma pass. One warp per
+// position; three passes over the sources (p; u.v; the update), the second and
+// third from L1/L2.
+__global__ void route_bwd_v1_kernel(float *dslots, float *ds, const float *G, const float *a, const bf16 *slots,
+                                    const float *r, const int *src, int n, const float *q, const float *gm,
+                                    int N, int C, int H) {
+    int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32, HC = C / H;
+    if (t >= N) { return; }
+    const float *Gt = G + (size_t)t * C, *at = a + (size_t)t * H * n;
+    float *dst = ds + (size_t)t * H * n;
+    for (int i = 0; i < n; i++) {   // p[h,i] = G[h] . v_i[h] into dst
+        const bf16 *vi = slots + ((size_t)src[i] * N + t) * C;
+        for (int hh = 0; hh < H; hh++) {
+            float p = 0.0f;
+            for (int c = hh * HC + lane; c < (hh + 1) * HC; c += 32) { p += Gt[c] * __bfloat162float(vi[c]); }
+            p = warp_sum(p);
+            if (lane == 0) { dst[hh * n + i] = p; }
+        }
+    }
+    __syncwarp();
+    for (int hh = lane; hh < H; hh += 32) {   // ds = a (p - sum_k a p)
+        float S = 0.0f;
+        for (int i = 0; i < n; i++) { S += at[hh * n + i] * dst[hh * n + i]; }
+        for (int i = 0; i < n; i++) { dst[hh * n + i] = at[hh * n + i] * (dst[hh * n + i] - S); }
+    }
+    __syncwarp();
+    for (int i = 0; i < n; i++) {
+        const bf16 *vi = slots + ((size_t)src[i] * N + t) * C;
+        float ri = r[(size_t)src[i] * N + t], uv = 0.0f;
+        for (int c = lane; c < C; c += 32) { uv += dst[(c / HC) * n + i] * q[c] * gm[c] * __bfloat162float(vi[c]); }
+        uv = warp_sum(uv);
+        float k3 = ri * ri * ri / C * uv;
+        float *dv = dslots + ((size_t)src[i] * N + t) * C;
+        for (int c = lane; c < C; c += 32) {
+            int hh = c / HC;
+            dv[c] += ri * dst[hh * n + i] * q[c] * gm[c] - k3 * __bfloat162float(vi[c]) + at[hh * n + i] * Gt[c];
+        }
+    }
+}
+
+// part (P, C): partition p's sum over its PART_ROWS positions and the n sources
+// of ds[t, h(c), i] r_i v_i[c]. Block (32 channels) x (8 position lanes).
+__global__ void route_param_v1_kernel(float *part, const float *ds, const bf16 *slots, const float *r,
+                                      const int *src, int n, int N, int C, int H) {
+    __shared__ float acc[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
+    int t0 = p * PART_ROWS, t1 = min(t0 + PART_ROWS, N);
+    float s = 0.0f;
+    if (c < C) {
+        for (int t = t0 + threadIdx.y; t < t1; t += 8) {
+            for (int i = 0; i < n; i++) {
+                s += ds[((size_t)t * H + c / HC) * n + i] * r[(size_t)src[i] * N + t] *
+                     __bfloat162float(slots[((size_t)src[i] * N + t) * C + c]);
+            }
+        }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sum = 0.0f;
+        for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
+        part[(size_t)p * C + c] = sum;
+    }
+}
+
+// ----------------------------------------------------------------------------
+// v2: fused forward (also v3's forward) and fused per-site backward
+
+// One site forward, fused: h (N, C) bf16, u = rmsnorm(h; g) (N, C) bf16,
+// rstd (N), lse (N, H); a (N, H, n) only when a != NULL.
+// One warp per position, ONE pass over the n sources: per source, the score of
+// each head (butterfly over the head's lanes), then an online-softmax update
+// of the running max m, sum l and unnormalised mix acc (all fp32 registers);
+// the next source's 16-byte loads are issued before the current one is used.
+// Epilogue: h = acc / l, lse = m + log l, the RMS over the full width, u.
+template <int C, int H>
+__global__ void __launch_bounds__(256, FWD2_MINB) route_fwd_v2_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, float *a,
+                                                            const bf16 *__restrict__ slots, const float *__restrict__ r,
+                                                            const int *__restrict__ src, int n, const float *__restrict__ q,
+                                                            const float *__restrict__ gm, const float *__restrict__ g, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    float qg[NCH][8], acc[NCH][8], m[NCH], l[NCH];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float qa[8], ga[8];
+        ld_f8(q + ch * 256 + lane * 8, qa);
+        ld_f8(gm + ch * 256 + lane * 8, ga);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k]; acc[ch][k] = 0.0f; }
+        m[ch] = -INFINITY; l[ch] = 0.0f;
+    }
+    uint4 nxt[NCH];
+    float rn;
+    {
+        size_t row = (size_t)__ldg(src) * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
+        rn = __ldg(r + row);
+    }
+    for (int i = 0; i < n; i++) {
+        float v[NCH][8], e[NCH];
+        const float ri = rn;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { unpack8(nxt[ch], v[ch]); }
+        if (i + 1 < n) {   // prefetch source i+1
+            size_t row = (size_t)__ldg(src + i + 1) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
+            rn = __ldg(r + row);
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { d += qg[ch][k] * v[ch][k]; }
+            e[ch] = d;
+        }
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float s = ri * e[ch], mn = fmaxf(m[ch], s);
+            float sc = expf(m[ch] - mn), p = expf(s - mn);   // m = -inf at i = 0: sc = 0
+            l[ch] = l[ch] * sc + p;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { acc[ch][k] = acc[ch][k] * sc + p * v[ch][k]; }
+            m[ch] = mn;
+            if (a != nullptr && head_first<C, H>(ch, lane)) { a[((size_t)t * H + head_of<C, H>(ch, lane)) * n + i] = s; }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float inv = 1.0f / l[ch];
+#pragma unroll
+        for (int k = 0; k < 8; k++) { acc[ch][k] *= inv; ss += acc[ch][k] * acc[ch][k]; }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 256 + lane * 8;
+        float gw[8], uu[8];
+        ld_f8(g + c0, gw);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { uu[k] = acc[ch][k] * rs * gw[k]; }
+        st_bf8(hout + (size_t)t * C + c0, acc[ch]);
+        st_bf8(uout + (size_t)t * C + c0, uu);
+        if (head_first<C, H>(ch, lane)) { lse[(size_t)t * H + head_of<C, H>(ch, lane)] = m[ch] + logf(l[ch]); }
+    }
+    if (lane == 0) { rstd[t] = rs; }
+    if (a != nullptr) {   // scores -> weights; __syncwarp orders this warp's global writes
+        __syncwarp();
+        for (int x = lane; x < H * n; x += 32) {
+            float *ax = a + (size_t)t * H * n + x;
+            *ax = expf(*ax - lse[(size_t)t * H + x / n]);
+        }
+    }
+}
+
+// Sum each warp's acc (its positions) into out[c] (C) in warp order: shared red (8, C).
+template <int C>
+__device__ __forceinline__ void block_sum_store(float (&acc)[C / 256][8], float (*red)[C], float *out) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int ch = 0; ch < C / 256; ch++) { st_f8(&red[w][ch * 256 + lane * 8], acc[ch]); }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { s += red[k][c]; }
+        out[c] = s;
+    }
+    __syncthreads();
+}
+
+// Norm backward of site j for one position, in registers: G = dL/dh (fp32),
+// hv = h (as stored), S[ch] = G[h].h[h] of this lane's heads; adds dU * xhat to accg.
+template <int C, int H>
+__device__ __forceinline__ void norm_bwd_regs(float (&G)[C / 256][8], float (&S)[C / 256], float (&accg)[C / 256][8],
+                                              const float *dU, const bf16 *h, float rs, const float (&gw)[C / 256][8], int lane) {
+    constexpr int NCH = C / 256;
+    float du[NCH][8], xh[NCH][8], md = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float hv[8];
+        ld_f8(dU + ch * 256 + lane * 8, du[ch]);
+        unpack8(ld_raw(h + ch * 256 + lane * 8), hv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            xh[ch][k] = hv[k] * rs;
+            md += gw[ch][k] * du[ch][k] * xh[ch][k];
+            accg[ch][k] += du[ch][k] * xh[ch][k];
+        }
+    }
+    md = warp_sum(md) / C;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            G[ch][k] = rs * (gw[ch][k] * du[ch][k] - xh[ch][k] * md);
+            d += G[ch][k] * xh[ch][k];
+        }
+        S[ch] = d / rs;   // G . h = G . xhat / rstd
+    }
+    head_sum<C, H>(S);
+}
+
+// One site backward, fused (v2): norm backward, then ONE pass over the site's
+// n sources: p = G.v_i and e = (q gamma).v_i per head, a = exp(r_i e - lse)
+// recomputed, ds = a (p - S) with S = G.h, then dslots[src_i] += r ds q gamma
+// - (r^3/C)(u.v) v + a G (fp32 read-modify-write) and the dq/dgamma sum
+// ds r v in registers. Block = 8 warps x 4 positions (POS_PER_BLOCK); writes
+// per-block partials part_qv, part_dg (nblk, C).
+template <int C, int H>
+__global__ void __launch_bounds__(256, BWD2_MINB) route_bwd_v2_kernel(float *dslots, float *part_qv, float *part_dg,
+                                                            const float *__restrict__ dU, const bf16 *__restrict__ hbuf,
+                                                            const float *__restrict__ rstd, const float *__restrict__ lse,
+                                                            const bf16 *__restrict__ slots, const float *__restrict__ r,
+                                                            const int *__restrict__ src, int n, const float *__restrict__ q,
+                                                            const float *__restrict__ gm, const float *__restrict__ g, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    __shared__ __align__(16) float red[8][C];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float qg[NCH][8], gw[NCH][8], accq[NCH][8], accg[NCH][8];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float qa[8], ga[8];
+        ld_f8(q + ch * 256 + lane * 8, qa);
+        ld_f8(gm + ch * 256 + lane * 8, ga);
+        ld_f8(g + ch * 256 + lane * 8, gw[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k]; accq[ch][k] = 0.0f; accg[ch][k] = 0.0f; }
+    }
+    for (int pp = 0; pp < POS_PER_BLOCK / 8; pp++) {
+        const int t = blockIdx.x * POS_PER_BLOCK + pp * 8 + w;
+        if (t >= N) { continue; }
+        float G[NCH][8], S[NCH], ls[NCH];
+        norm_bwd_regs<C, H>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { ls[ch] = lse[(size_t)t * H + head_of<C, H>(ch, lane)]; }
+        uint4 nxt[NCH];
+        float rn;
+        {
+            size_t row = (size_t)__ldg(src) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
+            rn = __ldg(r + row);
+        }
+        for (int i = 0; i < n; i++) {
+            float v[NCH][8], p[NCH], e[NCH], ep[NCH];
+            const float ri = rn;
+            const size_t row = (size_t)__ldg(src + i) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { unpack8(nxt[ch], v[ch]); }
+            if (i + 1 < n) {
+                size_t rown = (size_t)__ldg(src + i + 1) * N + t;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + rown * C + ch * 256 + lane * 8); }
+                rn = __ldg(r + rown);
+            }
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float pd = 0.0f, ed = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) { pd += G[ch][k] * v[ch][k]; ed += qg[ch][k] * v[ch][k]; }
+                p[ch] = pd; e[ch] = ed; ep[ch] = ed;
+            }
+            head_sum<C, H>(p);
+            head_sum<C, H>(e);
+            float ds[NCH], av[NCH], uv = 0.0f;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                av[ch] = expf(ri * e[ch] - ls[ch]);
+                ds[ch] = av[ch] * (p[ch] - S[ch]);
+                uv += ds[ch] * ep[ch];   // u_i . v_i = sum_h ds[h] e[h], from the lanes' partials
+            }
+            uv = warp_sum(uv);
+            const float k3 = ri * ri * ri / C * uv;
+            float *dv = dslots + row * C;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float old[8];
+                ld_f8(dv + ch * 256 + lane * 8, old);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    old[k] += ri * ds[ch] * qg[ch][k] - k3 * v[ch][k] + av[ch] * G[ch][k];
+                    accq[ch][k] += ds[ch] * ri * v[ch][k];
+                }
+                st_f8(dv + ch * 256 + lane * 8, old);
+            }
+        }
+    }
+    block_sum_store<C>(accq, red, part_qv + (size_t)blockIdx.x * C);
+    block_sum_store<C>(accg, red, part_dg + (size_t)blockIdx.x * C);
+}
+
+// ----------------------------------------------------------------------------
+// v3: per-site norm backward + per-slot gather
+
+// Site j (v3): norm backward only. Gout (N, C) bf16 = G_j, Sout (N, H) =
+// G_j[h].h_j[h] (= sum_i a p, what ds needs), part_dg (nblk, C). Block = 8
+// warps x 4 positions.
+template <int C, int H>
+__global__ void __launch_bounds__(256, SITE3_MINB) route_site_v3_kernel(bf16 *Gout, float *Sout, float *part_dg,
+                                                             const float *__restrict__ dU, const bf16 *__restrict__ hbuf,
+                                                             const float *__restrict__ rstd, const float *__restrict__ g, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    __shared__ __align__(16) float red[8][C];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float gw[NCH][8], accg[NCH][8];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        ld_f8(g + ch * 256 + lane * 8, gw[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { accg[ch][k] = 0.0f; }
+    }
+    for (int pp = 0; pp < POS_PER_BLOCK / 8; pp++) {
+        const int t = blockIdx.x * POS_PER_BLOCK + pp * 8 + w;
+        if (t >= N) { continue; }
+        float G[NCH][8], S[NCH];
+        norm_bwd_regs<C, H>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            st_bf8(Gout + (size_t)t * C + ch * 256 + lane * 8, G[ch]);
+            if (head_first<C, H>(ch, lane)) { Sout[(size_t)t * H + head_of<C, H>(ch, lane)] = S[ch]; }
+        }
+    }
+    block_sum_store<C>(accg, red, part_dg + (size_t)blockIdx.x * C);
+}
+
+// Gather for slot k (v3, issue 5 idea (b)): dslot_k (N, C) fp32 written ONCE,
+//   dv = sum over the nr sites j reading k of  r ds_j q_j gamma_j - (r^3/C)(u_j.v) v + a_j G_j,
+// with p = G_j.v, e = (q_j gamma_j).v, a = exp(r e - lse_j), ds = a (p - S_j)
+// all recomputed here from v_k (registers), G_j (bf16), lse_j, S_j. The k3
+// terms share one warp reduction: sum_j u_j.v is accumulated per lane first.
+// Also writes dsr (N, nr, H) = ds r for the dq/dgamma pass. One warp per
+// position; the next site's G is loaded before the current one is used.
+// Gall (J, N, C), Sall and lseall (J, N, H), q and gm (J, C).
+template <int C, int H>
+__global__ void __launch_bounds__(256, GATHER_MINB) route_gather_v3_kernel(float *dslot, float *dsr, const bf16 *__restrict__ v,
+                                                               const float *__restrict__ rk, const bf16 *__restrict__ Gall,
+                                                               const float *__restrict__ Sall, const float *__restrict__ lseall,
+                                                               const int *__restrict__ readers, int nr,
+                                                               const float *__restrict__ q, const float *__restrict__ gm, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    float vv[NCH][8], dv[NCH][8];
+    const float r = rk[t];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        unpack8(ld_raw(v + (size_t)t * C + ch * 256 + lane * 8), vv[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    float T = 0.0f;   // this lane's share of sum_j u_j . v
+    uint4 nxt[NCH];
+    {
+        size_t row = (size_t)__ldg(readers) * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8); }
+    }
+    for (int jj = 0; jj < nr; jj++) {
+        const int j = __ldg(readers + jj);
+        const size_t row = (size_t)j * N + t;
+        float G[NCH][8], p[NCH], e[NCH], ep[NCH], qg[NCH][8];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { unpack8(nxt[ch], G[ch]); }
+        if (jj + 1 < nr) {
+            size_t rown = (size_t)__ldg(readers + jj + 1) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8); }
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float qa[8], ga[8], pd = 0.0f, ed = 0.0f;
+            ld_f8(q + (size_t)j * C + ch * 256 + lane * 8, qa);
+            ld_f8(gm + (size_t)j * C + ch * 256 + lane * 8, ga);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                qg[ch][k] = qa[k] * ga[k];
+                pd += G[ch][k] * vv[ch][k];
+                ed += qg[ch][k] * vv[ch][k];
+            }
+            p[ch] = pd; e[ch] = ed; ep[ch] = ed;
+        }
+        head_sum<C, H>(p);
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int hd = head_of<C, H>(ch, lane);
+            const float av = expf(r * e[ch] - __ldg(lseall + row * H + hd));
+            const float ds = av * (p[ch] - __ldg(Sall + row * H + hd));
+            T += ds * ep[ch];
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qg[ch][k] + av * G[ch][k]; }
+            if (head_first<C, H>(ch, lane)) { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
+        }
+    }
+    const float k3 = r * r * r / C * warp_sum(T);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vv[ch][k]; }
+        st_f8(dslot + (size_t)t * C + ch * 256 + lane * 8, dv[ch]);
+    }
+}
+
+// dq/dgamma pass of the gather for slot k: part (P, nr, C) = partition p's
+// sum over its PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each
+// reading site jj. Block (32 channels) x (8 position lanes); the partition's
+// rows of v_k are re-read per site from L1.
+__global__ void route_gather_param_kernel(float *part, const float *dsr, const bf16 *v, int nr, int N, int C, int H) {
+    __shared__ float acc[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
+    int t0 = p * PART_ROWS, t1 = min(t0 + PART_ROWS, N);
+    for (int jj = 0; jj < nr; jj++) {
+        float s = 0.0f;
+        if (c < C) {
+            for (int t = t0 + threadIdx.y; t < t1; t += 8) {
+                s += dsr[((size_t)t * nr + jj) * H + c / HC] * __bfloat162float(v[(size_t)t * C + c]);
+            }
+        }
+        acc[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float sum = 0.0f;
+            for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
+            part[((size_t)p * nr + jj) * C + c] = sum;
+        }
+        __syncthreads();
+    }
+}
+
+// qvacc[(k, readers[jj])] (C) = sum over partitions of part (P, nr, C), in order.
+__global__ void route_gather_reduce_kernel(float *qvacc, const float *part, const int *readers, int nr, int P, int k,
+                                           int J, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, jj = blockIdx.y;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += part[((size_t)p * nr + jj) * C + c]; }
+    qvacc[((size_t)k * J + readers[jj]) * C + c] = s;
+}
+
+// dq_j = gamma_j * sum over site j's sources k (in order) of qvacc[(k, j)]; dgamma_j the same with q_j.
+__global__ void route_dq_final_kernel(float *dq, float *dgamma, const float *qvacc, const int *src, const int *nsrc,
+                                      const float *q, const float *gm, int J, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    for (int i = 0; i < nsrc[j]; i++) { s += qvacc[((size_t)src[j * J + i] * J + j) * C + c]; }
+    dq[(size_t)j * C + c] = gm[(size_t)j * C + c] * s;
+    dgamma[(size_t)j * C + c] = q[(size_t)j * C + c] * s;
+}
+
+// ----------------------------------------------------------------------------
+// Host side: buffers, the whole-model passes per version
+
+struct Dev {
+    bf16 *slots; float *r, *q, *gm, *g, *dU;              // inputs
+    bf16 *h, *u; float *rstd, *lse, *a;                   // forward outputs
+    float *dslots, *dq, *dgamma, *dg;                     // backward outputs
+    float *Gf, *ds, *part_qv, *part_dg, *dsr, *gpart, *qvacc; bf16 *Gb; float *Sb;   // scratch
+    int *src, *nsrc, *rd;                                 // (J, J), (J), (J, J)
+};
+
+struct KernelSet {   // the templated kernels of one (C, H)
+    void (*fwd2)(const Prob &, const Dev &, int j, bool want_a);
+    void (*bwd2)(const Prob &, const Dev &, int j);
+    void (*site3)(const Prob &, const Dev &, int j);
+    void (*gather3)(const Prob &, const Dev &, int k);
+};
+
+template <int C, int H> struct Impl {
+    static void fwd2(const Prob &P, const Dev &d, int j, bool want_a) {
+        const size_t N = P.N;
+        route_fwd_v2_kernel<C, H><<<cdiv(N, 8), 256>>>(d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H,
+                                                       want_a ? d.a + (size_t)P.pair_off[j] * N * H : nullptr, d.slots, d.r,
+                                                       d.src + j * P.J, P.n[j], d.q + j * C, d.gm + j * C, d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void bwd2(const Prob &P, const Dev &d, int j) {
+        const size_t N = P.N;
+        route_bwd_v2_kernel<C, H><<<cdiv(N, POS_PER_BLOCK), 256>>>(d.dslots, d.part_qv, d.part_dg, d.dU + j * N * C,
+                                                                   d.h + j * N * C, d.rstd + j * N, d.lse + j * N * H,
+                                                                   d.slots, d.r, d.src + j * P.J, P.n[j], d.q + j * C,
+                                                                   d.gm + j * C, d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void site3(const Prob &P, const Dev &d, int j) {
+        const size_t N = P.N;
+        route_site_v3_kernel<C, H><<<cdiv(N, POS_PER_BLOCK), 256>>>(d.Gb + j * N * C, d.Sb + j * N * H, d.part_dg,
+                                                                    d.dU + j * N * C, d.h + j * N * C, d.rstd + j * N,
+                                                                    d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void gather3(const Prob &P, const Dev &d, int k) {
+        const size_t N = P.N;
+        route_gather_v3_kernel<C, H><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dsr, d.slots + k * N * C, d.r + k * N,
+                                                          d.Gb, d.Sb, d.lse, d.rd + k * P.J, P.nr[k], d.q, d.gm, P.N);
+        LAUNCH_CHECK();
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3}; }
+};
+
+static KernelSet kernel_set(int C, int H) {
+#define RT_CASE(C_, H_) if (C == C_ && H == H_) { return Impl<C_, H_>::set(); }
+#define RT_CASES(C_) RT_CASE(C_, 1) RT_CASE(C_, 2) RT_CASE(C_, 4) RT_CASE(C_, 8) RT_CASE(C_, 16)
+    RT_CASES(512) RT_CASES(1024)
+#undef RT_CASES
+#undef RT_CASE
+    fprintf(stderr, "error: no kernels built for C=%d H=%d (built: C in {512, 1024}, H in {1, 2, 4, 8, 16})\n", C, H);
+    exit(1);
+}
+
+template <typename T> static T *dalloc(size_t count) {
+    T *p = nullptr;
+    CK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    return p;
+}
+
+static Dev dev_alloc(const Prob &P) {
+    const size_t N = P.N, C = P.C, H = P.H, J = P.J;
+    const size_t nblk = cdiv(N, POS_PER_BLOCK), npart = cdiv(N, PART_ROWS);
+    Dev d;
+    d.slots = dalloc<bf16>(J * N * C); d.r = dalloc<float>(J * N);
+    d.q = dalloc<float>(J * C); d.gm = dalloc<float>(J * C); d.g = dalloc<float>(J * C); d.dU = dalloc<float>(J * N * C);
+    d.h = dalloc<bf16>(J * N * C); d.u = dalloc<bf16>(J * N * C); d.rstd = dalloc<float>(J * N);
+    d.lse = dalloc<float>(J * N * H); d.a = dalloc<float>((size_t)P.P * N * H);
+    d.dslots = dalloc<float>(J * N * C); d.dq = dalloc<float>(J * C); d.dgamma = dalloc<float>(J * C); d.dg = dalloc<float>(J * C);
+    d.Gf = dalloc<float>(N * C); d.ds = dalloc<float>(N * H * P.nmax);
+    d.part_qv = dalloc<float>(std::max(nblk, npart) * C); d.part_dg = dalloc<float>(nblk * C);
+    d.dsr = dalloc<float>(N * P.nmax * H); d.gpart = dalloc<float>(npart * P.nmax * C); d.qvacc = dalloc<float>(J * J * C);
+    d.Gb = dalloc<bf16>(J * N * C); d.Sb = dalloc<float>(J * N * H);
+    d.src = dalloc<int>(J * J); d.nsrc = dalloc<int>(J); d.rd = dalloc<int>(J * J);
+    CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.nsrc, P.n.data(), J * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.rd, P.rd.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+static void dev_free(Dev &d) {
+    void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
+                  d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.Gb, d.Sb, d.src, d.nsrc, d.rd};
+    for (void *p : ps) { CK(cudaFree(p)); }
+}
+static void dev_upload(const Dev &d, const HostIn &in) {
+    CK(cudaMemcpy(d.slots, in.slots.data(), in.slots.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.q, in.q.data(), in.q.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.gm, in.gm.data(), in.gm.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.g, in.g.data(), in.g.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.dU, in.dU.data(), in.dU.size() * 4, cudaMemcpyHostToDevice));
+}
+
+// Forward of every site. want_a: v2/v3 also write a (for the check).
+static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &ks, bool want_a) {
+    const size_t N = P.N, C = P.C, H = P.H, J = P.J;
+    source_stat_kernel<<<cdiv(J * N, 8), 256>>>(d.r, d.slots, J * N, P.C);
+    LAUNCH_CHECK();
+    for (int j = 0; j < P.J; j++) {
+        if (ver == 1) {
+            route_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.h + j * N * C, d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
+                                                     d.slots, d.r, d.src + j * P.J, P.n[j], d.q + j * C, d.gm + j * C,
+                                                     P.N, P.C, P.H);
+            LAUNCH_CHECK();
+            rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
+            LAUNCH_CHECK();
+        } else {
+            ks.fwd2(P, d, j, want_a);
+        }
+    }
+}
+
+// Backward of every site in reverse order (the forward's outputs must be there).
+static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &ks) {
+    const size_t N = P.N, C = P.C, H = P.H, J = P.J;
+    const unsigned nblk = cdiv(N, POS_PER_BLOCK), npart = cdiv(N, PART_ROWS);
+    if (ver <= 2) { CK(cudaMemsetAsync(d.dslots, 0, J * N * C * sizeof(float), 0)); }   // accumulated per pair
+    for (int j = P.J - 1; j >= 0; j--) {
+        if (ver == 1) {
+            rmsnorm_bwd_v1_kernel<<<nblk, 256, 8 * C * sizeof(float)>>>(d.Gf, d.part_dg, d.dU + j * N * C, d.h + j * N * C,
+                                                                        d.rstd + j * N, d.g + j * C, P.N, P.C);
+            LAUNCH_CHECK();
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
+            LAUNCH_CHECK();
+            route_bwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.dslots, d.ds, d.Gf, d.a + (size_t)P.pair_off[j] * N * H, d.slots, d.r,
+                                                     d.src + j * P.J, P.n[j], d.q + j * C, d.gm + j * C, P.N, P.C, P.H);
+            LAUNCH_CHECK();
+            route_param_v1_kernel<<<dim3(cdiv(C, 32), npart), dim3(32, 8)>>>(d.part_qv, d.ds, d.slots, d.r, d.src + j * P.J,
+                                                                              P.n[j], P.N, P.C, P.H);
+            LAUNCH_CHECK();
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dq + j * C, d.gm + j * C, d.dgamma + j * C, d.q + j * C,
+                                                      d.part_qv, npart, P.C);
+            LAUNCH_CHECK();
+        } else if (ver == 2) {
+            ks.bwd2(P, d, j);
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dq + j * C, d.gm + j * C, d.dgamma + j * C, d.q + j * C,
+                                                      d.part_qv, nblk, P.C);
+            LAUNCH_CHECK();
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
+            LAUNCH_CHECK();
+        } else {
+            ks.site3(P, d, j);
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
+            LAUNCH_CHECK();
+            // every site reading slot j is >= j, so all of them are done: gather slot j now
+            const int k = j;
+            ks.gather3(P, d, k);
+            route_gather_param_kernel<<<dim3(cdiv(C, 32), npart), dim3(32, 8)>>>(d.gpart, d.dsr, d.slots + k * N * C,
+                                                                                  P.nr[k], P.N, P.C, P.H);
+            LAUNCH_CHECK();
+            route_gather_reduce_kernel<<<dim3(cdiv(C, 256), P.nr[k]), 256>>>(d.qvacc, d.gpart, d.rd + k * P.J, P.nr[k],
+                                                                              npart, k, P.J, P.C);
+            LAUNCH_CHECK();
+        }
+    }
+    if (ver == 3) {
+        route_dq_final_kernel<<<dim3(cdiv(C, 256), P.J), 256>>>(d.dq, d.dgamma, d.qvacc, d.src, d.nsrc, d.q, d.gm, P.J, P.C);
+        LAUNCH_CHECK();
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Check: one version against the float64 reference, on fresh random inputs
+
+template <typename T> static std::vector<double> fetch(const T *dptr, size_t count) {
+    std::vector<T> tmp(count);
+    CK(cudaMemcpy(tmp.data(), dptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<double> o(count);
+    for (size_t i = 0; i < count; i++) {
+        if constexpr (sizeof(T) == 2) { uint16_t b; memcpy(&b, &tmp[i], 2); o[i] = bf_bits2f(b); }
+        else { o[i] = (double)tmp[i]; }
+    }
+    return o;
+}
+
+// Tolerance per output: 2x the error bf16 storage alone causes (emulated on
+// the CPU, same inputs) plus 1e-4 for fp32 arithmetic (exp of scores of a few
+// units, sums over up to 2L+1 sources and C channels).
+static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t seed) {
+    Prob P = make_prob(L, S, C, H, N);
+    KernelSet ks = kernel_set(C, H);
+    HostIn in = make_inputs(P, seed);
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref R;
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, R);
+    ref_backward(P, slots.data(), q.data(), gm.data(), g.data(), dU.data(), EMU_EXACT, R);
+    double emu[NUM_OUT];
+    emu_errors(P, in, R, ver, emu);
+
+    Dev d = dev_alloc(P);
+    dev_upload(d, in);
+    const size_t J = P.J, NN = P.N;
+    // poison every output (0xFF bytes: NaN in fp32 and in bf16); dslots too in v3, which writes it once
+    CK(cudaMemset(d.h, 0xFF, J * NN * C * 2)); CK(cudaMemset(d.u, 0xFF, J * NN * C * 2));
+    CK(cudaMemset(d.rstd, 0xFF, J * NN * 4)); CK(cudaMemset(d.lse, 0xFF, J * NN * H * 4));
+    CK(cudaMemset(d.a, 0xFF, (size_t)P.P * NN * H * 4)); CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4));
+    CK(cudaMemset(d.dq, 0xFF, J * C * 4)); CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
+    run_forward(ver, P, d, ks, true);
+    CK(cudaDeviceSynchronize());
+    run_backward(ver, P, d, ks);
+    CK(cudaDeviceSynchronize());
+    std::vector<double> got[NUM_OUT] = {fetch(d.h, J * NN * C), fetch(d.u, J * NN * C), fetch(d.rstd, J * NN),
+                                        fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
+                                        fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
+                                        fetch(d.dg, J * C)};
+    dev_free(d);
+    bool ok = true;
+    printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
+    for (int o = 0; o < NUM_OUT; o++) {
+        const std::vector<double> &ref = ref_out(R, o);
+        double err = rel_err(got[o].data(), ref.data(), ref.size()), tol = 2 * emu[o] + 1e-4;
+        bool pass = err <= tol;   // NaN/inf: err = inf, fails
+        ok = ok && pass;
+        printf(" %s %.1e%s", OUT_NAMES[o], err, pass ? "" : "(FAIL)");
+    }
+    printf("  %s\n", ok ? "ok" : "FAIL");
+    return ok;
+}
+
+static bool check_version(int ver, uint64_t seed) {
+    struct { int L, S, C, H, N; } cfgs[] = {
+        {2, 1, 512, 8, 77}, {3, 1, 512, 1, 200}, {3, 2, 512, 4, 130}, {4, 3, 512, 16, 97},
+        {12, 1, 512, 8, 96}, {12, 4, 512, 2, 50}, {2, 1, 1024, 8, 40}, {2, 1, 1024, 1, 33},
+    };
+    bool ok = true;
+    int k = 0;
+    for (auto &c : cfgs) { ok &= check_config(ver, c.L, c.S, c.C, c.H, c.N, seed + 1000 * (k++)); }
+    printf("v%d check: %s (tolerance per output: 2 x emulated bf16 storage error + 1e-4)\n", ver, ok ? "PASS" : "FAIL");
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
+// Bench: whole-model routing forward and backward at the given shapes
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+static double measure_copy_gbs() {   // device-to-device copy, bytes read + written
+    size_t bytes = (size_t)2 << 30;
+    void *a = nullptr, *b = nullptr;
+    CK(cudaMalloc(&a, bytes)); CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int it = 0; it < 13; it++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 3) { ts.push_back(ms); }
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    CK(cudaFree(a)); CK(cudaFree(b));
+    return 2.0 * bytes / (median(ts) * 1e-3) / 1e9;
+}
+
+static void bench_version(int ver, int L, int S, int C, int H, int N, uint64_t seed, double copy_gbs) {
+    Prob P = make_prob(L, S, C, H, N);
+    KernelSet ks = kernel_set(C, H);
+    HostIn in = make_inputs(P, seed);   // random, never zeros
+    Dev d = dev_alloc(P);
+    dev_upload(d, in);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    std::vector<float> tf, tb;
+    for (int it = 0; it < 23; it++) {   // 3 warm-ups, 20 timed
+        float ms;
+        CK(cudaEventRecord(e0));
+        run_forward(ver, P, d, ks, false);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 3) { tf.push_back(ms); }
+        CK(cudaEventRecord(e0));
+        run_backward(ver, P, d, ks);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 3) { tb.push_back(ms); }
+    }
+    CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+    dev_free(d);
+    Bytes b = count_bytes(P, ver);
+    float mf = median(tf), mb = median(tb);
+    double ff = b.fwd / (copy_gbs * 1e9) * 1e3, fb = b.bwd / (copy_gbs * 1e9) * 1e3;
+    printf("v%d L=%d S=%d C=%d H=%d N=%d  fwd %7.3f ms (min %.3f, max %.3f) %6.2f GB -> %5.0f GB/s, floor %.3f ms (%.2fx)"
+           "  bwd %7.3f ms (min %.3f, max %.3f) %6.2f GB -> %5.0f GB/s, floor %.3f ms (%.2fx)\n",
+           ver, L, S, C, H, N, mf, *std::min_element(tf.begin(), tf.end()), *std::max_element(tf.begin(), tf.end()),
+           b.fwd / 1e9, b.fwd / (mf * 1e-3) / 1e9, ff, mf / ff, mb, *std::min_element(tb.begin(), tb.end()),
+           *std::max_element(tb.begin(), tb.end()), b.bwd / 1e9, b.bwd / (mb * 1e-3) / 1e9, fb, mb / fb);
+}
+
+static void print_bytes(int L, int S, int C, int H, int N) {
+    Prob P = make_prob(L, S, C, H, N);
+    printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
+           L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
+    for (int ver = 1; ver <= 3; ver++) {
+        Bytes b = count_bytes(P, ver);
+        printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
+               "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
+               ver, b.fwd / N, b.fwd / 1e9, b.fwd / 4.0e9, b.fwd / 4.3e9, b.fwd / 4.8e9, b.bwd / N, b.bwd / 1e9,
+               b.bwd / 4.0e9, b.bwd / 4.3e9, b.bwd / 4.8e9);
+    }
+}
+
+// ----------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+    int ver = 0, L = 12, S = 1, C = 512, H = 8, N = 16 * 2048;
+    bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
+    uint64_t seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        auto val = [&](void) -> long long {
+            if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value\n", a); exit(1); }
+            return atoll(argv[++i]);
+        };
+        if (!strcmp(a, "--version")) { ver = (int)val(); }
+        else if (!strcmp(a, "--check")) { do_check = true; }
+        else if (!strcmp(a, "--bench")) { do_bench = true; }
+        else if (!strcmp(a, "--all")) { do_all = true; }
+        else if (!strcmp(a, "--cpu-selftest")) { do_self = true; }
+        else if (!strcmp(a, "--bytes")) { do_bytes = true; }
+        else if (!strcmp(a, "--seed")) { seed = (uint64_t)val(); }
+        else if (!strcmp(a, "--L")) { L = (int)val(); }
+        else if (!strcmp(a, "--S")) { S = (int)val(); }
+        else if (!strcmp(a, "--C")) { C = (int)val(); }
+        else if (!strcmp(a, "--H")) { H = (int)val(); }
+        else if (!strcmp(a, "--N")) { N = (int)val(); }
+        else { fprintf(stderr, "error: unknown flag %s (see the top of dev/cuda/route.cu)\n", a); return 1; }
+    }
+    if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
+    if (do_self) { return cpu_selftest(seed); }
+    if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
+    if (!do_all && !(ver >= 1 && ver <= 3 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..3) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+        return 1;
+    }
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+           (unsigned long long)seed);
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 3 : ver;
+    bool ok = true;
+    if (do_all || do_check) {
+        for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }
+    }
+    if (do_all || do_bench) {
+        double gbs = measure_copy_gbs();
+        printf("device-to-device copy: %.0f GB/s (read + write); floors below use it\n", gbs);
+        print_bytes(L, S, C, H, N);
+        for (int v = v0; v <= v1; v++) { bench_version(v, L, S, C, H, N, seed, gbs); }
+        if (do_all) {   // block mode too (Block MHAR, S = 3: 8 blocks)
+            for (int v = v0; v <= v1; v++) { bench_version(v, L, 3, C, H, N, seed, gbs); }
+        }
+    }
+    return ok ? 0 : 1;
+}

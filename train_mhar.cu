@@ -1,0 +1,1730 @@
+/*
+train_mhar.cu: the CUDA trainer of Multi-Head Attention Residuals.
+
+The same model, flags, data loader, checkpoints, schedule, sampling and log as
+the CPU reference train_mhar.c, which this file mirrors function by function:
+read the two side by side. SPEC.md is the contract; section numbers refer to it.
+Matmuls go through cuBLAS; every other op is a hand-written kernel below its
+host wrapper of the CPU file's name. Simple and correct first: attention is a
+tiled kernel with an online softmax that keeps only the per-row log-sum-exp
+(no (T, T) matrix), one warp per query row (a later issue makes it fast).
+
+Precision, chosen at build time:
+  (default)        bf16 mixed precision: weights copies and activations in
+                   bf16 (floatX); fp32 master weights, AdamW state, parameter
+                   gradients, routing source gradients (dslots), softmax and
+                   norm statistics; every reduction sums in fp32; cuBLAS with
+                   fp32 compute. `make train_mhar_cu`.
+  -DPRECISION_FP32 everything fp32, cuBLAS with pedantic fp32 compute (no
+                   TF32), to verify against the CPU. `make train_mhar_cu_fp32`.
+  -DTESTING        no main; exports the C API of common/gpu_api.h under
+                   mhar_gpu_fp32_* or mhar_gpu_bf16_*, for test_mhar.c.
+
+Determinism: no floating-point atomics anywhere. Per-channel reductions over
+positions (norm weights, routing q and gamma) write per-block partials that a
+second kernel sums in a fixed order; attention's dk and dv are owned by one
+block per key tile and kv head; the embedding gradient walks each token's
+positions in order; cuBLAS runs with atomics off on one stream. Two runs with
+the same seed give the same bits.
+
+Routing (SPEC section 4): every source lives in one buffer slots
+[2L+1, B, T, C] that each sublayer writes once (config.h's slot design, shared
+with std and block mode); r_i is computed once per source; the forward pass
+keeps the per-site weights a (and, like the CPU file, the routed input h_j the
+norm backward needs); the backward pass adds source gradients into the fp32
+dslots across sites in reverse order.
+*/
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include "common/util.h"
+#include "common/config.h"
+#include "common/args.h"
+#include "common/dataloader.h"
+#include "common/checkpoint.h"
+#include "common/logger.h"
+#include "common/tokenizer.h"
+#include "common/gpu_api.h"
+
+#ifdef PRECISION_FP32
+typedef float floatX;
+#define MHAR_PREC fp32
+#define PRECISION_NAME "fp32"
+#define CUDA_FLOATX CUDA_R_32F
+#define CUBLAS_COMPUTE CUBLAS_COMPUTE_32F_PEDANTIC   // true fp32: no TF32 tensor cores
+#else
+typedef __nv_bfloat16 floatX;
+#define MHAR_PREC bf16
+#define PRECISION_NAME "bf16"
+#define CUDA_FLOATX CUDA_R_16BF
+#define CUBLAS_COMPUTE CUBLAS_COMPUTE_32F            // bf16 inputs, fp32 accumulation
+#endif
+
+// API names mhar_gpu_<precision>_<name> (common/gpu_api.h)
+#define MHAR_API3(p, n) mhar_gpu_##p##_##n
+#define MHAR_API2(p, n) MHAR_API3(p, n)
+#define MHAR_API(n) MHAR_API2(MHAR_PREC, n)
+
+namespace {   // everything but the API and main is internal to this object
+
+// ----------------------------------------------------------------------------
+// Checked CUDA and cuBLAS calls: one line naming the call site, then exit 1.
+
+void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "error: CUDA: %s (%s:%d)\n", cudaGetErrorString(e), file, line);
+        exit(1);
+    }
+}
+void cublas_check(cublasStatus_t s, const char *file, int line) {
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "error: cuBLAS: %s (%s:%d)\n", cublasGetStatusString(s), file, line);
+        exit(1);
+    }
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+cublasHandle_t cublas;   // one handle, on the default stream
+
+inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
+
+__device__ __host__ inline float toF(float x) { return x; }
+__device__ __host__ inline float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __host__ inline T fromF(float x);
+template <> __device__ __host__ inline float fromF<float>(float x) { return x; }
+template <> __device__ __host__ inline __nv_bfloat16 fromF<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Butterfly reductions: every lane ends with the same value, in a fixed order.
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
+    return v;
+}
+// Sum over a block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();   // part[] may still be read by a previous call
+    if (lane == 0) { part[warp] = v; }
+    __syncthreads();
+    float x = lane < nwarps ? part[lane] : 0.0f;
+    return warp_sum(x);
+}
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) { part[warp] = v; }
+    __syncthreads();
+    float x = lane < nwarps ? part[lane] : -INFINITY;
+    return warp_max(x);
+}
+
+// out (n) = (T) in (n): float -> floatX copies (and a plain copy in fp32)
+template <typename Tout, typename Tin>
+__global__ void cast_kernel(Tout *out, const Tin *in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = fromF<Tout>(toF(in[i])); }
+}
+template <typename Tout, typename Tin>
+void cast(Tout *out, const Tin *in, size_t n) {
+    if (n == 0) { return; }
+    cast_kernel<<<ceil_div(n, 256), 256>>>(out, in, n);
+    launchCheck();
+}
+
+// a (n) += b (n), fp32
+__global__ void accumulate_kernel(float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { a[i] += b[i]; }
+}
+
+// Deterministic per-channel sums over many rows: a kernel writes one partial
+// per (partition of rows, channel); a second sums the partitions in order.
+// Row partitions hold at least 64 rows and there are at most RED_PARTS_MAX.
+#define RED_PARTS_MAX 512
+int red_rows_per_part(size_t rows) {
+    size_t r = (rows + RED_PARTS_MAX - 1) / RED_PARTS_MAX;
+    return (int)(r < 64 ? 64 : r);
+}
+
+// dw (D) += sum over the P partitions of partial (P, D), in partition order
+__global__ void reduce_partials_kernel(float *dw, const float *partial, int P, int D) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= D) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += partial[(size_t)p * D + i]; }
+    dw[i] += s;
+}
+
+// ----------------------------------------------------------------------------
+// Matrix multiply (cuBLAS)
+//
+// Every matmul multiplies by a weight W of shape (OC, IC), row-major like the
+// CPU file. cuBLAS is column-major, where a row-major (R, K) matrix is its
+// (K, R) transpose, so each product below is written for the transposes:
+//   forward   out  (N, OC)  = inp (N, IC) . W^T     <=>  out^T  = W^T(op T) . inp^T
+//   backward  dinp (N, IC) += dout (N, OC) . W      <=>  dinp^T += W^T . dout^T
+//             dW   (OC, IC) += dout^T . inp         <=>  dW^T   += inp^T . dout
+// Inputs are floatX; the gradients dinp and dW are fp32 and accumulate (beta 1).
+
+// out (N, OC) = inp (N, IC) . weight^T, weight (OC, IC)
+void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t N, int IC, int OC) {
+    const float one = 1.0f, zero_f = 0.0f;
+    cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, IC, &one, weight, CUDA_FLOATX, IC,
+                             inp, CUDA_FLOATX, IC, &zero_f, out, CUDA_FLOATX, OC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+}
+
+// dinp (N, IC) += dout . weight;  dweight (OC, IC) += dout^T . inp   (fp32 outputs)
+void matmul_backward(float *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
+                     size_t N, int IC, int OC) {
+    // out[n][o] = sum_i inp[n][i] * weight[o][i]
+    const float one = 1.0f;
+    cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight, CUDA_FLOATX, IC,
+                             dout, CUDA_FLOATX, OC, &one, dinp, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+    cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, CUDA_FLOATX, IC,
+                             dout, CUDA_FLOATX, OC, &one, dweight, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+}
+
+// ----------------------------------------------------------------------------
+// Embedding
+
+__global__ void encoder_forward_kernel(floatX *out, const int *inp, const floatX *wte, size_t N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * C) { return; }
+    size_t n = i / C, c = i % C;
+    out[i] = wte[(size_t)inp[n] * C + c];
+}
+
+// out (N, C) = wte[inp[n]]: the first source v_0 (SPEC section 4). inp on the device.
+void encoder_forward(floatX *out, const int *inp, const floatX *wte, size_t N, int C) {
+    encoder_forward_kernel<<<ceil_div(N * C, 256), 256>>>(out, inp, wte, N, C);
+    launchCheck();
+}
+
+// One block row per distinct token s: dwte[tok[s]] += dout[n] over that token's
+// positions n in increasing order (the CPU's serial order, without atomics).
+__global__ void encoder_backward_kernel(float *dwte, const float *dout, const int *order, const int *seg_start,
+                                        const int *seg_tok, int C) {
+    int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float *d = dwte + (size_t)seg_tok[s] * C + c;
+    float acc = *d;
+    for (int k = seg_start[s]; k < seg_start[s + 1]; k++) { acc += dout[(size_t)order[k] * C + c]; }
+    *d = acc;
+}
+
+int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+// dwte[inp[n]] += dout[n]. inp is the host copy of the batch; the host groups
+// the positions by token (sorted by (token, position)) into the device scratch
+// `scratch` (3N+1 ints), then one kernel row per token sums them in order.
+void encoder_backward(float *dwte, const float *dout, const int *inp, size_t N, int C, int *scratch) {
+    uint64_t *key = (uint64_t *)malloc_check(N * sizeof(uint64_t));
+    int *host = (int *)malloc_check((3 * N + 1) * sizeof(int));
+    for (size_t n = 0; n < N; n++) { key[n] = (uint64_t)(uint32_t)inp[n] << 32 | (uint64_t)n; }
+    qsort(key, N, sizeof(uint64_t), cmp_u64);
+    int *order = host, *seg_start = host + N, nseg = 0;
+    int *seg_tok = host + 2 * N + 1;
+    for (size_t k = 0; k < N; k++) {
+        order[k] = (int)(key[k] & 0xffffffffu);
+        int tok = (int)(key[k] >> 32);
+        if (k == 0 || tok != seg_tok[nseg - 1]) { seg_start[nseg] = (int)k; seg_tok[nseg++] = tok; }
+    }
+    seg_start[nseg] = (int)N;
+    // device layout: order (N) | seg_start (N+1) | seg_tok (N)
+    cudaCheck(cudaMemcpy(scratch, host, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    dim3 grid(nseg, ceil_div(C, 128));
+    encoder_backward_kernel<<<grid, 128>>>(dwte, dout, scratch, scratch + N, scratch + 2 * N + 1, C);
+    launchCheck();
+    free(key); free(host);
+}
+
+// ----------------------------------------------------------------------------
+// RMSNorm, used for the pre-norms (vectors of C), the final norm, and QK-norm
+// (each head's vector of HD, weights shared across heads). One warp per row.
+
+__global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += 32) { float xi = toF(x[i]); ss += xi * xi; }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / D + 1e-6f);
+    for (int i = lane; i < D; i += 32) { out[n * D + i] = fromF<floatX>(toF(x[i]) * s * toF(w[i])); }
+    if (lane == 0) { rstd[n] = s; }
+}
+
+// out (N, D) = inp / sqrt(mean(inp^2) + 1e-6) * w;  rstd (N) kept for backward
+void rmsnorm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
+    rmsnorm_forward_kernel<<<ceil_div(N, 8), 256>>>(out, rstd, inp, w, N, D);
+    launchCheck();
+}
+
+template <typename Tout>
+__global__ void rmsnorm_backward_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
+                                        const floatX *w, size_t N, int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    const float *g = dout + n * D;
+    float s = rstd[n], gwx = 0.0f;
+    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
+    gwx = warp_sum(gwx);
+    for (int i = lane; i < D; i += 32) {
+        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
+        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
+    }
+}
+
+// partial (P, D): partition p's sum over its rows n of dout[n][i] * x[n][i] * rstd[n].
+// Block (32 channels) x (8 row lanes); the 8 lanes are summed in order.
+__global__ void rmsnorm_dw_partial_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
+                                          size_t N, int D, int rows_per_part) {
+    __shared__ float acc[8][33];
+    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
+    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
+    float s = 0.0f;
+    if (i < D) {
+        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < D) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
+        partial[(size_t)p * D + i] = t;
+    }
+}
+
+// dinp (N, D) += ... (fp32 for the pre-norms, floatX for QK-norm);  dw (D) += ...
+// partial: scratch of RED_PARTS_MAX * D floats.
+template <typename Tout>
+void rmsnorm_backward(Tout *dinp, float *dw, const float *dout, const floatX *inp, const float *rstd,
+                      const floatX *w, size_t N, int D, float *partial) {
+    // out[i] = x[i] * s * w[i], with s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / D
+    rmsnorm_backward_kernel<Tout><<<ceil_div(N, 8), 256>>>(dinp, dout, inp, rstd, w, N, D);
+    launchCheck();
+    // dw[i] = sum_n dout[n][i] * x[n][i] * s[n]: partials per row partition, then summed in order
+    int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+    rmsnorm_dw_partial_kernel<<<dim3(ceil_div(D, 32), P), dim3(32, 8)>>>(partial, dout, inp, rstd, N, D, R);
+    launchCheck();
+    reduce_partials_kernel<<<ceil_div(D, 256), 256>>>(dw, partial, P, D);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// RoPE, rotate-half convention, applied to queries and keys after QK-norm.
+// cosv, sinv (T, HD/2): angle t * 10000^(-2i/HD) at position t. One thread per pair.
+
+__global__ void rope_forward_kernel(floatX *out, const floatX *inp, const float *cosv, const float *sinv,
+                                    int B, int T, int nh, int HD) {
+    int half = HD / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * half) { return; }
+    int i = (int)(idx % half);
+    size_t row = idx / half;              // (b, t, h)
+    int t = (int)((row / nh) % T);
+    size_t off = row * HD;
+    float c = cosv[t * half + i], s = sinv[t * half + i];
+    float x1 = toF(inp[off + i]), x2 = toF(inp[off + i + half]);
+    out[off + i] = fromF<floatX>(x1 * c - x2 * s);
+    out[off + i + half] = fromF<floatX>(x2 * c + x1 * s);
+}
+
+// out (B, T, nh, HD) = rotate(inp); out may equal inp
+void rope_forward(floatX *out, const floatX *inp, const float *cosv, const float *sinv, int B, int T, int nh, int HD) {
+    rope_forward_kernel<<<ceil_div((size_t)B * T * nh * (HD / 2), 256), 256>>>(out, inp, cosv, sinv, B, T, nh, HD);
+    launchCheck();
+}
+
+__global__ void rope_backward_kernel(float *dinp, const float *dout, const float *cosv, const float *sinv,
+                                     int B, int T, int nh, int HD) {
+    int half = HD / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * half) { return; }
+    int i = (int)(idx % half);
+    size_t row = idx / half;
+    int t = (int)((row / nh) % T);
+    size_t off = row * HD;
+    float c = cosv[t * half + i], s = sinv[t * half + i];
+    float g1 = dout[off + i], g2 = dout[off + i + half];
+    // out1 = x1 c - x2 s;  out2 = x2 c + x1 s
+    dinp[off + i] += g1 * c + g2 * s;
+    dinp[off + i + half] += g2 * c - g1 * s;
+}
+
+// dinp += rotate^T(dout): the rotation by -angle (fp32)
+void rope_backward(float *dinp, const float *dout, const float *cosv, const float *sinv, int B, int T, int nh, int HD) {
+    rope_backward_kernel<<<ceil_div((size_t)B * T * nh * (HD / 2), 256), 256>>>(dinp, dout, cosv, sinv, B, T, nh, HD);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// Causal self-attention with grouped-query heads: query head h reads key/value
+// head h / (NH/NKV). Scores are scaled by 1/sqrt(HD).
+//
+// A block owns a tile of ATT_TILE = 32 rows (query rows in the forward and dq
+// kernels, key rows in the dk/dv kernel) of one head; each of its 8 warps owns
+// 4 of those rows. It walks the tiles of the other side one at a time through
+// shared memory (float, rows padded to HD+1 against bank conflicts): lane j of
+// a warp scores the tile's row j, and the products with the tile are summed
+// with lane broadcasts. Shared memory is O(ATT_TILE * HD), whatever T is. The
+// forward pass keeps only lse = max + log(sum exp) of each row's scores, and
+// the backward pass recomputes the probabilities p = exp(score - lse).
+
+#define ATT_TILE 32
+#define ATT_WARPS 8
+#define ATT_RPW (ATT_TILE / ATT_WARPS)   // rows per warp
+#define HD_MAX 256
+#define ATT_DPL (HD_MAX / 32)            // head dims per lane, at most
+
+// sh[r][d] = x[b, t0 + r, hh, d] as float (row stride HD+1), zero past T
+template <typename Tin>
+__device__ void att_load_tile(float *sh, const Tin *x, int b, int t0, int hh, int nh, int T, int HD) {
+    for (int idx = threadIdx.x; idx < ATT_TILE * HD; idx += blockDim.x) {
+        int r = idx / HD, d = idx % HD, t = t0 + r;
+        sh[r * (HD + 1) + d] = t < T ? toF(x[(((size_t)b * T + t) * nh + hh) * HD + d]) : 0.0f;
+    }
+}
+
+// grid (T/32, NH, B). out (B, T, NH, HD); lse (B, NH, T)
+__global__ void attention_forward_kernel(floatX *out, float *lse, const floatX *q, const floatX *k, const floatX *v,
+                                         int T, int NH, int NKV, int HD) {
+    extern __shared__ float sh[];
+    int ld = HD + 1;
+    float *Qs = sh, *Ks = Qs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld;
+    int q0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float scale = 1.0f / sqrtf((float)HD);
+    att_load_tile(Qs, q, b, q0, h, NH, T, HD);
+    float o[ATT_RPW][ATT_DPL], mrow[ATT_RPW], lrow[ATT_RPW];
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        mrow[rr] = -INFINITY; lrow[rr] = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) { o[rr][i] = 0.0f; }
+    }
+    int qlast = (q0 + ATT_TILE < T ? q0 + ATT_TILE : T) - 1;
+    for (int k0 = 0; k0 <= qlast; k0 += ATT_TILE) {
+        __syncthreads();   // the previous tile is consumed
+        att_load_tile(Ks, k, b, k0, kvh, NKV, T, HD);
+        att_load_tile(Vs, v, b, k0, kvh, NKV, T, HD);
+        __syncthreads();
+        #pragma unroll
+        for (int rr = 0; rr < ATT_RPW; rr++) {
+            int r = warp * ATT_RPW + rr, t = q0 + r;
+            if (t >= T || k0 > t) { continue; }   // warp-uniform
+            int t2 = k0 + lane;
+            float s = -INFINITY;
+            if (t2 <= t) {
+                float dot = 0.0f;
+                for (int d = 0; d < HD; d++) { dot += Qs[r * ld + d] * Ks[lane * ld + d]; }
+                s = dot * scale;
+            }
+            // online softmax: rescale the running sum and output to the new max
+            float mnew = fmaxf(mrow[rr], warp_max(s));
+            float corr = expf(mrow[rr] - mnew);
+            float p = t2 <= t ? expf(s - mnew) : 0.0f;
+            lrow[rr] = lrow[rr] * corr + warp_sum(p);
+            mrow[rr] = mnew;
+            #pragma unroll
+            for (int i = 0; i < ATT_DPL; i++) { o[rr][i] *= corr; }
+            for (int j = 0; j < ATT_TILE; j++) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+                #pragma unroll
+                for (int i = 0; i < ATT_DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < HD) { o[rr][i] += pj * Vs[j * ld + d]; }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        int t = q0 + warp * ATT_RPW + rr;
+        if (t >= T) { continue; }
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) { out[(((size_t)b * T + t) * NH + h) * HD + d] = fromF<floatX>(o[rr][i] / lrow[rr]); }
+        }
+        if (lane == 0) { lse[((size_t)b * NH + h) * T + t] = mrow[rr] + logf(lrow[rr]); }
+    }
+}
+
+// out (B, T, NH, HD); lse (B, NH, T) keeps each row's log-sum-exp of the scaled
+// scores; q (B, T, NH, HD); k, v (B, T, NKV, HD)
+void attention_forward(floatX *out, float *lse, const floatX *q, const floatX *k, const floatX *v,
+                       int B, int T, int NH, int NKV, int HD) {
+    size_t shmem = 3 * ATT_TILE * (HD + 1) * sizeof(float);
+    attention_forward_kernel<<<dim3(ceil_div(T, ATT_TILE), NH, B), ATT_WARPS * 32, shmem>>>(out, lse, q, k, v, T, NH, NKV, HD);
+    launchCheck();
+}
+
+// Dt (B, NH, T) = dout . out per query row (= sum_t2 p dp); one warp per row
+__global__ void attention_backward_prep_kernel(float *Dt, const float *dout, const floatX *out, int B, int T, int NH, int HD) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, t, h)
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)B * T * NH) { return; }
+    float s = 0.0f;
+    for (int d = lane; d < HD; d += 32) { s += dout[row * HD + d] * toF(out[row * HD + d]); }
+    s = warp_sum(s);
+    int h = (int)(row % NH), t = (int)((row / NH) % T), b = (int)(row / NH / T);
+    if (lane == 0) { Dt[((size_t)b * NH + h) * T + t] = s; }
+}
+
+// grid (T/32, NH, B): dq of a tile of query rows, walking the key tiles
+__global__ void attention_backward_dq_kernel(float *dq, const float *dout, const float *lse, const float *Dt,
+                                             const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD) {
+    extern __shared__ float sh[];
+    int ld = HD + 1;
+    float *Qs = sh, *dOs = Qs + ATT_TILE * ld, *Ks = dOs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld;
+    int q0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float scale = 1.0f / sqrtf((float)HD);
+    att_load_tile(Qs, q, b, q0, h, NH, T, HD);
+    att_load_tile(dOs, dout, b, q0, h, NH, T, HD);
+    float acc[ATT_RPW][ATT_DPL];
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) { acc[rr][i] = 0.0f; }
+    }
+    int qlast = (q0 + ATT_TILE < T ? q0 + ATT_TILE : T) - 1;
+    for (int k0 = 0; k0 <= qlast; k0 += ATT_TILE) {
+        __syncthreads();
+        att_load_tile(Ks, k, b, k0, kvh, NKV, T, HD);
+        att_load_tile(Vs, v, b, k0, kvh, NKV, T, HD);
+        __syncthreads();
+        #pragma unroll
+        for (int rr = 0; rr < ATT_RPW; rr++) {
+            int r = warp * ATT_RPW + rr, t = q0 + r;
+            if (t >= T || k0 > t) { continue; }
+            int t2 = k0 + lane;
+            float dsc = 0.0f;
+            if (t2 <= t) {
+                float dot = 0.0f, dp = 0.0f;
+                for (int d = 0; d < HD; d++) {
+                    dot += Qs[r * ld + d] * Ks[lane * ld + d];
+                    dp += dOs[r * ld + d] * Vs[lane * ld + d];
+                }
+                // o = sum p v: dp = g . v;  p = softmax(score): dscore = p (dp - sum p dp); score = scale q . k
+                float p = expf(dot * scale - lse[((size_t)b * NH + h) * T + t]);
+                dsc = p * (dp - Dt[((size_t)b * NH + h) * T + t]) * scale;
+            }
+            for (int j = 0; j < ATT_TILE; j++) {
+                float dj = __shfl_sync(0xffffffffu, dsc, j);
+                #pragma unroll
+                for (int i = 0; i < ATT_DPL; i++) {
+                    int d = lane + 32 * i;
+                    if (d < HD) { acc[rr][i] += dj * Ks[j * ld + d]; }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        int t = q0 + warp * ATT_RPW + rr;
+        if (t >= T) { continue; }
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) { dq[(((size_t)b * T + t) * NH + h) * HD + d] = acc[rr][i]; }
+        }
+    }
+}
+
+// grid (T/32, NKV, B): dk and dv of a tile of key rows of one kv head, walking
+// every query head of its group and every query tile at or after the key tile.
+// The block is the only writer of these rows: no atomics.
+__global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const float *dout, const float *lse, const float *Dt,
+                                               const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD) {
+    extern __shared__ float sh[];
+    int ld = HD + 1;
+    float *Ks = sh, *Vs = Ks + ATT_TILE * ld, *Qs = Vs + ATT_TILE * ld, *dOs = Qs + ATT_TILE * ld;
+    float *lse_s = dOs + ATT_TILE * ld, *D_s = lse_s + ATT_TILE;
+    int k0 = blockIdx.x * ATT_TILE, kvh = blockIdx.y, b = blockIdx.z, group = NH / NKV;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float scale = 1.0f / sqrtf((float)HD);
+    att_load_tile(Ks, k, b, k0, kvh, NKV, T, HD);
+    att_load_tile(Vs, v, b, k0, kvh, NKV, T, HD);
+    float dka[ATT_RPW][ATT_DPL], dva[ATT_RPW][ATT_DPL];
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) { dka[rr][i] = 0.0f; dva[rr][i] = 0.0f; }
+    }
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        for (int q0 = k0; q0 < T; q0 += ATT_TILE) {
+            __syncthreads();
+            att_load_tile(Qs, q, b, q0, h, NH, T, HD);
+            att_load_tile(dOs, dout, b, q0, h, NH, T, HD);
+            if (threadIdx.x < ATT_TILE) {
+                int t = q0 + threadIdx.x;
+                lse_s[threadIdx.x] = t < T ? lse[((size_t)b * NH + h) * T + t] : 0.0f;
+                D_s[threadIdx.x] = t < T ? Dt[((size_t)b * NH + h) * T + t] : 0.0f;
+            }
+            __syncthreads();
+            #pragma unroll
+            for (int rr = 0; rr < ATT_RPW; rr++) {
+                int r = warp * ATT_RPW + rr, t2 = k0 + r;
+                if (t2 >= T) { continue; }
+                int t = q0 + lane;   // this lane's query row
+                float p = 0.0f, dsc = 0.0f;
+                if (t < T && t >= t2) {
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < HD; d++) {
+                        dot += Qs[lane * ld + d] * Ks[r * ld + d];
+                        dp += dOs[lane * ld + d] * Vs[r * ld + d];
+                    }
+                    p = expf(dot * scale - lse_s[lane]);
+                    dsc = p * (dp - D_s[lane]) * scale;
+                }
+                // dv[t2] += p[t, t2] g[t];  dk[t2] += dscore[t, t2] q[t]
+                for (int j = 0; j < ATT_TILE; j++) {
+                    float pj = __shfl_sync(0xffffffffu, p, j), dj = __shfl_sync(0xffffffffu, dsc, j);
+                    #pragma unroll
+                    for (int i = 0; i < ATT_DPL; i++) {
+                        int d = lane + 32 * i;
+                        if (d < HD) {
+                            dva[rr][i] += pj * dOs[j * ld + d];
+                            dka[rr][i] += dj * Qs[j * ld + d];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < ATT_RPW; rr++) {
+        int t2 = k0 + warp * ATT_RPW + rr;
+        if (t2 >= T) { continue; }
+        #pragma unroll
+        for (int i = 0; i < ATT_DPL; i++) {
+            int d = lane + 32 * i;
+            if (d < HD) {
+                size_t off = (((size_t)b * T + t2) * NKV + kvh) * HD + d;
+                dk[off] = dka[rr][i];
+                dv[off] = fromF<floatX>(dva[rr][i]);
+            }
+        }
+    }
+}
+
+// Writes (does not add) dq (B, T, NH, HD), dk (B, T, NKV, HD) in fp32 and dv in
+// floatX (the input of a matmul backward), given dout (B, T, NH, HD) fp32, the
+// forward output out and its lse. Dt (B, NH, T) is scratch.
+void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const float *dout, const floatX *out, const float *lse,
+                        const floatX *q, const floatX *k, const floatX *v, int B, int T, int NH, int NKV, int HD) {
+    attention_backward_prep_kernel<<<ceil_div((size_t)B * T * NH, 8), 256>>>(Dt, dout, out, B, T, NH, HD);
+    launchCheck();
+    size_t shmem = 4 * ATT_TILE * (HD + 1) * sizeof(float);
+    attention_backward_dq_kernel<<<dim3(ceil_div(T, ATT_TILE), NH, B), ATT_WARPS * 32, shmem>>>(
+        dq, dout, lse, Dt, q, k, v, T, NH, NKV, HD);
+    launchCheck();
+    attention_backward_dkdv_kernel<<<dim3(ceil_div(T, ATT_TILE), NKV, B), ATT_WARPS * 32, shmem + 2 * ATT_TILE * sizeof(float)>>>(
+        dk, dv, dout, lse, Dt, q, k, v, T, NH, NKV, HD);
+    launchCheck();
+}
+
+// The attention kernels take up to (4 * 32 * 257 + 64) * 4 bytes = 132 KB of
+// shared memory at HD = 256: allow more than the default 48 KB once.
+void attention_setup(int HD) {
+    if (HD > HD_MAX) { die("head dim C/NH=%d is over the CUDA trainer's %d; use more heads (-NH)", HD, HD_MAX); }
+    int bytes = (4 * ATT_TILE * (HD + 1) + 2 * ATT_TILE) * (int)sizeof(float);
+    cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU: out = silu(g) * u, silu(z) = z * sigmoid(z). All tensors (N*F).
+
+__global__ void swiglu_forward_kernel(floatX *out, const floatX *g, const floatX *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float gi = toF(g[i]), sig = 1.0f / (1.0f + expf(-gi));
+    out[i] = fromF<floatX>(gi * sig * toF(u[i]));
+}
+
+void swiglu_forward(floatX *out, const floatX *g, const floatX *u, size_t n) {
+    swiglu_forward_kernel<<<ceil_div(n, 256), 256>>>(out, g, u, n);
+    launchCheck();
+}
+
+__global__ void swiglu_backward_kernel(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
+    float gi = toF(g[i]), ui = toF(u[i]), sig = 1.0f / (1.0f + expf(-gi));
+    dg[i] = fromF<floatX>(dout[i] * ui * sig * (1.0f + gi * (1.0f - sig)));
+    du[i] = fromF<floatX>(dout[i] * gi * sig);
+}
+
+// Writes (does not add) dg, du in floatX: they feed matmul backwards.
+void swiglu_backward(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u, size_t n) {
+    swiglu_backward_kernel<<<ceil_div(n, 256), 256>>>(dg, du, dout, g, u, n);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// Slots: out = a + b (b may be NULL: a plain copy). Writes slot j+1 from the
+// output of sublayer j (config.h explains the slots). Its backward is the
+// pass-through of dslots in model_backward.
+
+__global__ void residual_forward_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = b ? fromF<floatX>(toF(a[i]) + toF(b[i])) : a[i]; }
+}
+
+void residual_forward(floatX *out, const floatX *a, const floatX *b, size_t n) {
+    residual_forward_kernel<<<ceil_div(n, 256), 256>>>(out, a, b, n);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// MHAR routing (SPEC section 4). A routing site reads n sources v_i (slots of
+// the slot buffer, listed in src, a device array), and per position and
+// routing head h mixes them with a softmax over depth:
+//   k_i    = gamma * r_i * v_i,      r_i = 1 / sqrt(|v_i|^2 / C + 1e-6)
+//   s[h,i] = sum_{c in head h} q[c] k_i[c]
+//   a[h,:] = softmax_i s[h,:]
+//   out[c] = sum_i a[h(c), i] v_i[c]
+// Head h owns channels [h*C/H, (h+1)*C/H). H = 1 is AttnRes.
+// route_forward and route_backward run one block per position t.
+
+#define ROUTE_THREADS 256
+
+__global__ void source_stat_forward_kernel(float *r, const floatX *v, size_t N, int C) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) { float x = toF(v[n * C + c]); ss += x * x; }
+    ss = warp_sum(ss);
+    if (lane == 0) { r[n] = 1.0f / sqrtf(ss / C + 1e-6f); }
+}
+
+// r (N) = 1 / sqrt(|v|^2 / C + 1e-6) of a freshly written source v (N, C).
+// Computed once per source and reused by every later site.
+void source_stat_forward(float *r, const floatX *v, size_t N, int C) {
+    source_stat_forward_kernel<<<ceil_div(N, 8), 256>>>(r, v, N, C);
+    launchCheck();
+}
+
+__global__ void route_forward_kernel(floatX *out, float *a, const floatX *slots, const float *r, const int *src, int n,
+                                     const floatX *q, const floatX *gamma, size_t N, int C, int H) {
+    size_t t = blockIdx.x;
+    int HC = C / H, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    float *at = a + t * H * n;
+    // scores: one warp per (h, i) pair
+    for (int pair = warp; pair < H * n; pair += nwarps) {
+        int h = pair / n, i = pair % n;
+        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
+        float dot = 0.0f;
+        for (int c = h * HC + lane; c < (h + 1) * HC; c += 32) { dot += toF(q[c]) * toF(gamma[c]) * toF(vi[c]); }
+        dot = warp_sum(dot);
+        if (lane == 0) { at[pair] = dot * r[(size_t)src[i] * N + t]; }
+    }
+    __syncthreads();
+    // softmax over the sources, one thread per head (fp32 statistics)
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        float *s = at + (size_t)h * n, maxv = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < n; i++) { maxv = fmaxf(maxv, s[i]); }
+        for (int i = 0; i < n; i++) { s[i] = expf(s[i] - maxv); sum += s[i]; }
+        for (int i = 0; i < n; i++) { s[i] /= sum; }
+    }
+    __syncthreads();
+    // the mix, one thread per channel
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int h = c / HC;
+        float o = 0.0f;
+        for (int i = 0; i < n; i++) { o += at[(size_t)h * n + i] * toF(slots[((size_t)src[i] * N + t) * C + c]); }
+        out[t * C + c] = fromF<floatX>(o);
+    }
+}
+
+// out (N, C): the routed mix; a (N, H, n): weights kept for backward.
+// slots (nslots, N, C), r (nslots, N); q, gamma (C) of this site.
+void route_forward(floatX *out, float *a, const floatX *slots, const float *r, const int *src, int n,
+                   const floatX *q, const floatX *gamma, size_t N, int C, int H) {
+    route_forward_kernel<<<(unsigned)N, ROUTE_THREADS>>>(out, a, slots, r, src, n, q, gamma, N, C, H);
+    launchCheck();
+}
+
+#define ROUTE_MAX_SOURCES 1024   // 2L+1 with L <= 511 (config.h)
+
+__global__ void route_backward_kernel(float *dslots, float *ds, const float *dout, const float *a, const floatX *slots,
+                                      const float *r, const int *src, int n, const floatX *q, const floatX *gamma,
+                                      size_t N, int C, int H) {
+    __shared__ float uv[ROUTE_MAX_SOURCES];
+    size_t t = blockIdx.x;
+    int HC = C / H, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    const float *G = dout + t * C, *at = a + t * H * n;
+    float *dst = ds + t * H * n;
+    // a = softmax(s): ds[h,i] = a[h,i] (p[h,i] - sum_k a[h,k] p[h,k]), p[h,i] = G[h] . v_i[h]
+    for (int pair = warp; pair < H * n; pair += nwarps) {
+        int h = pair / n, i = pair % n;
+        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
+        float p = 0.0f;
+        for (int c = h * HC + lane; c < (h + 1) * HC; c += 32) { p += G[c] * toF(vi[c]); }
+        p = warp_sum(p);
+        if (lane == 0) { dst[pair] = p; }
+    }
+    __syncthreads();
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+        float S = 0.0f;
+        for (int i = 0; i < n; i++) { S += at[h * n + i] * dst[h * n + i]; }
+        for (int i = 0; i < n; i++) { dst[h * n + i] = at[h * n + i] * (dst[h * n + i] - S); }
+    }
+    __syncthreads();
+    // s[h,i] = r_i sum_c q gamma v_i  and  out = sum_i a v_i:
+    // u_i = ds q gamma;  dv_i += r_i u_i - (r_i^3 / C)(u_i . v_i) v_i + a G
+    for (int i = warp; i < n; i += nwarps) {
+        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
+        float acc = 0.0f;
+        for (int c = lane; c < C; c += 32) { acc += dst[(c / HC) * n + i] * toF(q[c]) * toF(gamma[c]) * toF(vi[c]); }
+        acc = warp_sum(acc);
+        if (lane == 0) { uv[i] = acc; }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int h = c / HC;
+        float qg = toF(q[c]) * toF(gamma[c]), Gc = G[c];
+        for (int i = 0; i < n; i++) {
+            size_t off = ((size_t)src[i] * N + t) * C + c;   // the sources of a site are distinct slots
+            float ri = r[(size_t)src[i] * N + t], k3 = ri * ri * ri / C * uv[i];
+            dslots[off] += ri * dst[h * n + i] * qg - k3 * toF(slots[off]) + at[h * n + i] * Gc;
+        }
+    }
+}
+
+// partial (P, C): partition p's sum over its positions t and the sources i of
+// ds[t, h(c), i] r_i[t] v_i[t][c]. Block (32 channels) x (8 position lanes).
+__global__ void route_param_partial_kernel(float *partial, const float *ds, const floatX *slots, const float *r,
+                                           const int *src, int n, size_t N, int C, int H, int rows_per_part) {
+    __shared__ float acc[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
+    size_t t0 = (size_t)p * rows_per_part, t1 = t0 + rows_per_part < N ? t0 + rows_per_part : N;
+    float s = 0.0f;
+    if (c < C) {
+        int h = c / HC;
+        for (size_t t = t0 + threadIdx.y; t < t1; t += 8) {
+            for (int i = 0; i < n; i++) {
+                float w = ds[(t * H + h) * n + i] * r[(size_t)src[i] * N + t];
+                s += w * toF(slots[((size_t)src[i] * N + t) * C + c]);
+            }
+        }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float sum = 0.0f;
+        for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
+        partial[(size_t)p * C + c] = sum;
+    }
+}
+
+// dq[c] += gamma[c] * acc[c];  dgamma[c] += q[c] * acc[c], acc summed over partitions in order
+__global__ void route_param_reduce_kernel(float *dq, float *dgamma, const float *partial, int P, const floatX *q,
+                                          const floatX *gamma, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float acc = 0.0f;
+    for (int p = 0; p < P; p++) { acc += partial[(size_t)p * C + c]; }
+    dq[c] += toF(gamma[c]) * acc;
+    dgamma[c] += toF(q[c]) * acc;
+}
+
+// Backward of one site, given dout = G (N, C) fp32: adds into the sources'
+// gradients dslots (nslots, N, C) fp32 and into dq, dgamma (C). ds (N, H, n)
+// and partial (RED_PARTS_MAX, C) are scratch.
+void route_backward(float *dslots, float *dq, float *dgamma, float *ds, float *partial, const float *dout, const float *a,
+                    const floatX *slots, const float *r, const int *src, int n, const floatX *q,
+                    const floatX *gamma, size_t N, int C, int H) {
+    if (n > ROUTE_MAX_SOURCES) { die("internal: %d routing sources is over %d", n, ROUTE_MAX_SOURCES); }
+    route_backward_kernel<<<(unsigned)N, ROUTE_THREADS>>>(dslots, ds, dout, a, slots, r, src, n, q, gamma, N, C, H);
+    launchCheck();
+    // dq[c] += gamma[c] * sum_{t,i} ds[t,h(c),i] r_i v_i[c], and dgamma[c] the same with q[c]
+    int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+    route_param_partial_kernel<<<dim3(ceil_div(C, 32), P), dim3(32, 8)>>>(partial, ds, slots, r, src, n, N, C, H, R);
+    launchCheck();
+    route_param_reduce_kernel<<<ceil_div(C, 256), 256>>>(dq, dgamma, partial, P, q, gamma, C);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// Classifier: softmax over the V real logits and cross-entropy with targets.
+// One block per position; statistics in fp32. The probabilities are not
+// stored: the backward pass recomputes them from the logits and lse.
+
+#define CE_THREADS 512
+
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V) {
+    size_t n = blockIdx.x;
+    const floatX *x = logits + n * V;
+    float maxv = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { maxv = fmaxf(maxv, toF(x[i])); }
+    maxv = block_max(maxv);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(toF(x[i]) - maxv); }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+        float l = maxv + logf(sum);
+        lse[n] = l;
+        losses[n] = l - toF(x[targets[n]]);
+    }
+}
+
+// losses (N) = -log softmax(logits)[target]; lse (N) = log sum exp logits (for backward)
+void crossentropy_forward(float *losses, float *lse, const floatX *logits, const int *targets, size_t N, int V) {
+    crossentropy_forward_kernel<<<(unsigned)N, CE_THREADS>>>(losses, lse, logits, targets, V);
+    launchCheck();
+}
+
+__global__ void crossentropy_backward_kernel(floatX *dlogits, const floatX *logits, const float *lse, const int *targets,
+                                             float dloss, size_t N, int V) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * V) { return; }
+    size_t n = idx / V;
+    int i = (int)(idx % V);
+    float p = expf(toF(logits[idx]) - lse[n]);
+    dlogits[idx] = fromF<floatX>((p - (i == targets[n] ? 1.0f : 0.0f)) * dloss);
+}
+
+// dlogits (N, V) = (probs - onehot(target)) * dloss; may overwrite the logits in place
+void crossentropy_backward(floatX *dlogits, const floatX *logits, const float *lse, const int *targets, float dloss,
+                           size_t N, int V) {
+    crossentropy_backward_kernel<<<ceil_div(N * V, 256), 256>>>(dlogits, logits, lse, targets, dloss, N, V);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// The model
+
+// Named views into one allocation, in checkpoint order (config.h's enum):
+// ParamTensors<floatX> for the weights the kernels read, ParamTensors<float>
+// for the fp32 master weights and gradients.
+template <typename T> struct ParamTensors {
+    T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+};
+
+template <typename T> void point_params(ParamTensors<T> *p, T *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
+    T **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
+                                   &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg};
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
+}
+
+// Forward activations kept for backward, in one device allocation. N = B*T
+// positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
+// floatX unless marked fp32.
+#define NUM_ACT_TENSORS 22
+typedef struct {
+    floatX *slots;  // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
+    float *slot_r;  // (J, N)     fp32: r_i of each slot (mhar)
+    float *route_a; // fp32 routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar)
+    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
+    floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
+    float *ln_rstd; // (J, N)     fp32
+    floatX *qr;     // (L, N, QD)  Wq u, before QK-norm
+    floatX *kr;     // (L, N, KVD)
+    floatX *q;      // (L, N, QD)  after QK-norm and RoPE
+    floatX *k;      // (L, N, KVD)
+    floatX *v;      // (L, N, KVD)
+    float *q_rstd;  // (L, N, NH)  fp32
+    float *k_rstd;  // (L, N, NKV) fp32
+    float *att_lse; // (L, B, NH, T)  fp32 log-sum-exp of each attention row (the CPU keeps att)
+    floatX *atty;   // (L, N, QD)  attention output before Wo
+    floatX *mg;     // (L, N, F)  gate pre-activation Wg u
+    floatX *mu;     // (L, N, F)  up projection Wu u
+    floatX *mh;     // (L, N, F)  silu(mg) * mu
+    floatX *out;    // (N, C)  output of the current sublayer (scratch)
+    floatX *logits; // (N, V)  (dlogits in backward)
+    float *losses;  // (N)  fp32 (the CPU keeps probs and losses outside Acts)
+    float *ce_lse;  // (N)  fp32 log-sum-exp of the logits
+} Acts;
+
+// Backward scratch and gradients of activations, in one device allocation.
+// fp32 unless marked floatX (those are inputs of matmul backwards).
+#define NUM_GRAD_ACT_TENSORS 18
+typedef struct {
+    float *dslots;  // (J, N, C)  gradient of every slot; fp32-accumulated across sites
+    float *dh;      // (N, C)  gradient of the routed input of the current site
+    float *dln;     // (N, C)  gradient of the normalised input u_j
+    floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
+    float *datty;   // (N, QD)
+    float *dq, *dqn;  // (N, QD)  grads of q after RoPE, after QK-norm
+    floatX *dqr;    // (N, QD)  grad of the raw Wq u
+    float *dk, *dkn;  // (N, KVD)
+    floatX *dkr;    // (N, KVD)
+    floatX *dv;     // (N, KVD)
+    float *dmh;     // (N, F)
+    floatX *dmg, *dmu;  // (N, F)
+    float *dsc;     // (N, H, J)  routing score gradients of one site
+    float *att_D;   // (B, NH, T)  dout . out per attention row
+    float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
+} GradActs;
+
+typedef struct {
+    Config cfg;
+    size_t sizes[NUM_PARAM_TENSORS];
+    size_t nparams;
+    ParamTensors<floatX> params;    // the weights the kernels read (the master itself in fp32)
+    ParamTensors<float> master, grads;
+    float *params_mem, *grads_mem;  // fp32 master weights and gradients (device)
+    floatX *paramsX_mem;            // floatX copy of the master (== params_mem in fp32)
+    float *adam_m, *adam_v;         // AdamW state, allocated at the first update
+    int maxB, maxT;                 // activation buffers fit batches up to maxB x maxT
+    Acts acts;
+    GradActs gacts;
+    void *acts_mem, *gacts_mem;
+    float *rope_cos, *rope_sin;     // (T, HD/2) device
+    size_t *pair_off;               // (J+1) routing pairs before site j (host)
+    int *site_src;                  // (J, J) device: the slots read by site j, row j
+    int *site_n;                    // (J) host: the number of sources of site j
+    int *d_inputs, *d_targets;      // the current batch (B, T) on the device
+    int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
+    int *inputs, *targets;          // host copies of the current batch
+    float *losses_host;             // (N)
+    int B, T;                       // shape of the last forward
+    float loss;                     // mean loss of the last forward with targets
+} Model;
+
+// Copy float32 host parameters (checkpoint layout) into the master and floatX copies.
+void model_set_params(Model *m, const float *host) {
+    cudaCheck(cudaMemcpy(m->params_mem, host, m->nparams * sizeof(float), cudaMemcpyHostToDevice));
+    if ((void *)m->paramsX_mem != (void *)m->params_mem) { cast(m->paramsX_mem, m->params_mem, m->nparams); }
+}
+
+// Allocate parameters and gradients and set them to SPEC section 6's
+// initialisation (params_init: the same float32 bits as the CPU trainer).
+// Activations come later, sized for the largest batch.
+void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    param_sizes(cfg, m->sizes);
+    m->nparams = param_count(cfg);
+    if (cublas == NULL) {
+        cublasCheck(cublasCreate(&cublas));
+        cublasCheck(cublasSetAtomicsMode(cublas, CUBLAS_ATOMICS_NOT_ALLOWED));   // deterministic
+        cublasCheck(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));              // no TF32 unless asked
+    }
+    attention_setup(cfg->HD);
+    cudaCheck(cudaMalloc(&m->params_mem, m->nparams * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->grads_mem, m->nparams * sizeof(float)));
+    zero(m->grads_mem, m->nparams * sizeof(float));
+#ifdef PRECISION_FP32
+    m->paramsX_mem = m->params_mem;
+#else
+    cudaCheck(cudaMalloc(&m->paramsX_mem, m->nparams * sizeof(floatX)));
+#endif
+    point_params(&m->params, m->paramsX_mem, m->sizes);
+    point_params(&m->master, m->params_mem, m->sizes);
+    point_params(&m->grads, m->grads_mem, m->sizes);
+    float *init = (float *)malloc_check(m->nparams * sizeof(float));
+    params_init(init, cfg, seed, init_std);
+    model_set_params(m, init);
+    free(init);
+    int half = cfg->HD / 2;
+    float *cs = (float *)malloc_check((size_t)cfg->T * half * 2 * sizeof(float));
+    for (int t = 0; t < cfg->T; t++) {
+        for (int i = 0; i < half; i++) {
+            double angle = t * pow(10000.0, -2.0 * i / cfg->HD);
+            cs[t * half + i] = (float)cos(angle);
+            cs[(size_t)cfg->T * half + t * half + i] = (float)sin(angle);
+        }
+    }
+    cudaCheck(cudaMalloc(&m->rope_cos, (size_t)cfg->T * half * 2 * sizeof(float)));
+    m->rope_sin = m->rope_cos + (size_t)cfg->T * half;
+    cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)cfg->T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
+    free(cs);
+    int J = 2 * cfg->L + 1;
+    int *src = (int *)calloc_check((size_t)J * J, sizeof(int));
+    m->pair_off = (size_t *)malloc_check((J + 1) * sizeof(size_t));
+    m->site_n = (int *)malloc_check(J * sizeof(int));
+    m->pair_off[0] = 0;
+    for (int j = 0; j < J; j++) {
+        m->site_n[j] = site_sources(cfg, j, src + (size_t)j * J);
+        m->pair_off[j + 1] = m->pair_off[j] + m->site_n[j];
+    }
+    cudaCheck(cudaMalloc(&m->site_src, (size_t)J * J * sizeof(int)));
+    cudaCheck(cudaMemcpy(m->site_src, src, (size_t)J * J * sizeof(int), cudaMemcpyHostToDevice));
+    free(src);
+}
+
+// Lay out tensors of mixed element sizes in one device allocation (each 256-byte aligned, zeroed).
+typedef struct { void **ptr; size_t count, elem; } TensorSpec;
+void *alloc_tensors(TensorSpec *spec, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) { total += (spec[i].count * spec[i].elem + 255) / 256 * 256; }
+    char *mem;
+    cudaCheck(cudaMalloc((void **)&mem, total > 0 ? total : 256));
+    zero(mem, total);
+    char *p = mem;
+    for (int i = 0; i < n; i++) { *spec[i].ptr = p; p += (spec[i].count * spec[i].elem + 255) / 256 * 256; }
+    return mem;
+}
+
+// Allocate activations for batches of up to B x T (once).
+void model_alloc_acts(Model *m, int B, int T) {
+    const Config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
+    size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
+    int mhar = c->mode == RES_MHAR;
+    size_t pairs = mhar ? m->pair_off[J] : 0;
+    Acts *a = &m->acts;
+    const size_t X = sizeof(floatX), S = sizeof(float);
+    TensorSpec as[NUM_ACT_TENSORS] = {
+        {(void **)&a->slots, J * N * C, X}, {(void **)&a->slot_r, mhar ? J * N : 0, S},
+        {(void **)&a->route_a, pairs * N * c->H, S}, {(void **)&a->h, mhar ? J * N * C : 0, X},
+        {(void **)&a->ln, J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
+        {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
+        {(void **)&a->q, L * N * QD, X}, {(void **)&a->k, L * N * KVD, X}, {(void **)&a->v, L * N * KVD, X},
+        {(void **)&a->q_rstd, L * N * c->NH, S}, {(void **)&a->k_rstd, L * N * c->NKV, S},
+        {(void **)&a->att_lse, L * N * c->NH, S}, {(void **)&a->atty, L * N * QD, X},
+        {(void **)&a->mg, L * N * F, X}, {(void **)&a->mu, L * N * F, X}, {(void **)&a->mh, L * N * F, X},
+        {(void **)&a->out, N * C, X}, {(void **)&a->logits, N * c->V, X},
+        {(void **)&a->losses, N, S}, {(void **)&a->ce_lse, N, S}};
+    m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
+
+    GradActs *g = &m->gacts;
+    TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
+        {(void **)&g->dslots, J * N * C, S}, {(void **)&g->dh, N * C, S}, {(void **)&g->dln, N * C, S},
+        {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, S},
+        {(void **)&g->dq, N * QD, S}, {(void **)&g->dqn, N * QD, S}, {(void **)&g->dqr, N * QD, X},
+        {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkn, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
+        {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, S}, {(void **)&g->dmg, N * F, X},
+        {(void **)&g->dmu, N * F, X}, {(void **)&g->dsc, mhar ? N * c->H * J : 0, S},
+        {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
+    m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
+
+    cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
+    cudaCheck(cudaMalloc(&m->d_targets, N * sizeof(int)));
+    cudaCheck(cudaMalloc(&m->enc_scratch, (3 * N + 1) * sizeof(int)));
+    m->inputs = (int *)calloc_check(N, sizeof(int));
+    m->targets = (int *)calloc_check(N, sizeof(int));
+    m->losses_host = (float *)calloc_check(N, sizeof(float));
+    m->maxB = B; m->maxT = T;
+}
+
+// Attention sublayer of block l: out (N, C) = Wo attn(rope(qknorm(Wq u)), ...)
+void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    ParamTensors<floatX> *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD;
+    floatX *qr = a->qr + l * N * QD, *kr = a->kr + l * N * KVD;
+    floatX *q = a->q + l * N * QD, *k = a->k + l * N * KVD, *v = a->v + l * N * KVD;
+    float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
+    float *lse = a->att_lse + l * N * c->NH;
+    floatX *atty = a->atty + l * N * QD;
+    matmul_forward(qr, u, p->wq + l * QD * C, N, C, QD);
+    matmul_forward(kr, u, p->wk + l * KVD * C, N, C, KVD);
+    matmul_forward(v, u, p->wv + l * KVD * C, N, C, KVD);
+    rmsnorm_forward(q, q_rstd, qr, p->qnw + l * HD, N * c->NH, HD);
+    rmsnorm_forward(k, k_rstd, kr, p->knw + l * HD, N * c->NKV, HD);
+    rope_forward(q, q, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
+    rope_forward(k, k, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    attention_forward(atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
+    matmul_forward(out, atty, p->wo + l * C * QD, N, QD, C);
+}
+
+// dln (N, C) += gradient of the input u, given dout (floatX); weight grads +=
+void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors<floatX> *p = &m->params;
+    ParamTensors<float> *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD;
+    floatX *qr = a->qr + l * N * QD, *kr = a->kr + l * N * KVD;
+    floatX *q = a->q + l * N * QD, *k = a->k + l * N * KVD, *v = a->v + l * N * KVD;
+    float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
+    float *lse = a->att_lse + l * N * c->NH;
+    floatX *atty = a->atty + l * N * QD;
+    // out = atty . Wo^T
+    zero(g->datty, N * QD * sizeof(float));
+    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
+    // atty = attention(q, k, v)   (writes dq, dk, dv)
+    attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
+    // q = rope(qn), k = rope(kn)
+    zero(g->dqn, N * QD * sizeof(float));
+    zero(g->dkn, N * KVD * sizeof(float));
+    rope_backward(g->dqn, g->dq, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
+    rope_backward(g->dkn, g->dk, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    // qn = rmsnorm(qr; qnw), kn = rmsnorm(kr; knw)
+    zero(g->dqr, N * QD * sizeof(floatX));
+    zero(g->dkr, N * KVD * sizeof(floatX));
+    rmsnorm_backward(g->dqr, dp->qnw + l * HD, g->dqn, qr, q_rstd, p->qnw + l * HD, N * c->NH, HD, g->partial);
+    rmsnorm_backward(g->dkr, dp->knw + l * HD, g->dkn, kr, k_rstd, p->knw + l * HD, N * c->NKV, HD, g->partial);
+    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
+    matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD);
+    matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD);
+    matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD);
+}
+
+// MLP sublayer of block l: out (N, C) = Wd (silu(Wg u) * (Wu u))
+void mlp_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    ParamTensors<floatX> *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, F = c->F;
+    floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    matmul_forward(mg, u, p->wg + l * F * C, N, C, F);
+    matmul_forward(mu, u, p->wu + l * F * C, N, C, F);
+    swiglu_forward(mh, mg, mu, N * F);
+    matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
+}
+
+void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors<floatX> *p = &m->params;
+    ParamTensors<float> *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, F = c->F;
+    floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    // out = mh Wd^T
+    zero(g->dmh, N * F * sizeof(float));
+    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C);
+    // mh = silu(mg) * mu   (writes dmg, dmu)
+    swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
+    // mg = u Wg^T, mu = u Wu^T
+    matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F);
+    matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F);
+}
+
+#define SLOT(j) (a->slots + (size_t)(j) * N * C)
+#define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
+#define SITE_SRC(j) (m->site_src + (size_t)(j) * (2 * m->cfg.L + 1))
+
+// The input of sublayer j (j = 2L: of the final norm). std: the residual
+// stream x_j = slot j. mhar: route_j over the slots of site j's sources.
+floatX *site_forward(Model *m, int j, size_t N) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    size_t C = c->C;
+    if (c->mode == RES_STD) { return SLOT(j); }
+    floatX *hj = a->h + (size_t)j * N * C;
+    route_forward(hj, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, SITE_SRC(j), m->site_n[j],
+                  m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+    return hj;
+}
+
+// Where the norm backward of site j adds the gradient of its input: straight
+// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar).
+float *site_dinput(Model *m, int j, size_t N) {
+    size_t C = m->cfg.C;
+    if (m->cfg.mode == RES_STD) { return DSLOT(j); }
+    zero(m->gacts.dh, N * C * sizeof(float));
+    return m->gacts.dh;
+}
+
+void site_backward(Model *m, int j, size_t N) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    size_t C = c->C;
+    if (c->mode == RES_STD) { return; }
+    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dsc, m->gacts.partial,
+                   m->gacts.dh, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, SITE_SRC(j),
+                   m->site_n[j], m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+}
+
+// Forward pass on host inputs (B, T). With targets, also the per-position
+// losses and their mean in m->loss; without, it stops at the logits (sampling).
+void model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
+    const Config *c = &m->cfg;
+    if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
+    if ((size_t)B * T > (size_t)m->maxB * m->maxT || T > m->maxT || T > c->T) {
+        die("batch %dx%d exceeds the %dx%d the activations were sized for", B, T, m->maxB, m->maxT);
+    }
+    m->B = B; m->T = T;
+    Acts *a = &m->acts;
+    ParamTensors<floatX> *p = &m->params;
+    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    int mhar = c->mode == RES_MHAR;
+    memcpy(m->inputs, inputs, N * sizeof(int));
+    cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
+    if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
+    for (size_t j = 0; j < 2 * L; j++) {
+        size_t l = j / 2;
+        floatX *hj = site_forward(m, (int)j, N);
+        floatX *u = a->ln + j * N * C;
+        rmsnorm_forward(u, a->ln_rstd + j * N, hj, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C, N, c->C);
+        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, a->out, B, T); }
+        else { mlp_sublayer_forward(m, (int)l, u, a->out, B, T); }
+        // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
+        residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
+        if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
+    }
+    floatX *hf = site_forward(m, (int)(2 * L), N);
+    floatX *uf = a->ln + 2 * L * N * C;
+    rmsnorm_forward(uf, a->ln_rstd + 2 * L * N, hf, p->lnfw, N, c->C);
+    matmul_forward(a->logits, uf, p->wte, N, c->C, c->V);   // tied head: the V real rows of wte
+    if (targets == NULL) { return; }
+    memcpy(m->targets, targets, N * sizeof(int));
+    cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
+    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->d_targets, N, c->V);
+    cudaCheck(cudaMemcpy(m->losses_host, a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    double sum = 0;
+    for (size_t n = 0; n < N; n++) { sum += m->losses_host[n]; }
+    m->loss = (float)(sum / N);
+}
+
+void model_zero_grad(Model *m) { zero(m->grads_mem, m->nparams * sizeof(float)); }
+
+// Backward pass of the last forward; adds into m->grads. dloss scales each
+// position's loss: 1/(B*T) for the mean, divided again by the number of
+// accumulated micro-batches. The logits buffer is reused for dlogits.
+void model_backward(Model *m, float dloss) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors<floatX> *p = &m->params;
+    ParamTensors<float> *dp = &m->grads;
+    int B = m->B, T = m->T;
+    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    zero(g->dslots, (2 * L + 1) * N * C * sizeof(float));
+    // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
+    floatX *dlogits = a->logits;   // the logits are spent: overwrite them in place
+    crossentropy_backward(dlogits, a->logits, a->ce_lse, m->d_targets, dloss, N, c->V);
+    floatX *uf = a->ln + 2 * L * N * C;
+    zero(g->dln, N * C * sizeof(float));
+    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
+    // uf = rmsnorm(h_final; lnfw)
+    floatX *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
+    float *dhf = site_dinput(m, (int)(2 * L), N);
+    rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C, g->partial);
+    site_backward(m, (int)(2 * L), N);
+    for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
+        size_t j = (size_t)jj, l = j / 2;
+        // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
+        float *dout = DSLOT(j + 1);
+        if (slot_chains(c, (int)j)) {
+            accumulate_kernel<<<ceil_div(N * C, 256), 256>>>(DSLOT(j), dout, N * C);
+            launchCheck();
+        }
+        cast(g->dout, dout, N * C);   // floatX copy for the matmul backwards
+        floatX *u = a->ln + j * N * C;
+        zero(g->dln, N * C * sizeof(float));
+        if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }
+        else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }
+        // u = rmsnorm(h_j; g_j)
+        floatX *hj = c->mode == RES_STD ? SLOT(j) : a->h + j * N * C;
+        float *dhj = site_dinput(m, (int)j, N);
+        floatX *w = (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C;
+        float *dw = (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
+        rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C, g->partial);
+        site_backward(m, (int)j, N);
+    }
+    // slot 0 = wte[inputs]
+    encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C, m->enc_scratch);
+}
+
+#undef SLOT
+#undef DSLOT
+
+// ----------------------------------------------------------------------------
+// Optimisation: global gradient norm, AdamW, learning-rate schedule
+
+#define NORM_BLOCKS 512
+
+// part[block] = sum of squares (fp64) of a fixed grid-stride share of g
+__global__ void grad_norm_kernel(double *part, const float *g, size_t n) {
+    __shared__ double sh[256];
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        s += (double)g[i] * g[i];
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) { sh[threadIdx.x] += sh[threadIdx.x + w]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { part[blockIdx.x] = sh[0]; }
+}
+
+// L2 norm of all gradients: fixed per-block partials summed in order on the host.
+double grad_norm(const Model *m) {
+    double *d_part, part[NORM_BLOCKS];
+    cudaCheck(cudaMalloc(&d_part, NORM_BLOCKS * sizeof(double)));
+    grad_norm_kernel<<<NORM_BLOCKS, 256>>>(d_part, m->grads_mem, m->nparams);
+    launchCheck();
+    cudaCheck(cudaMemcpy(part, d_part, NORM_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d_part));
+    double total = 0;
+    for (int i = 0; i < NORM_BLOCKS; i++) { total += part[i]; }
+    return sqrt(total);
+}
+
+__global__ void adamw_kernel(float *p, floatX *px, const float *grads, float *m1, float *m2, size_t n, float lr,
+                             float beta1, float beta2, float eps, float decay, float gscale, float bc1, float bc2) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = grads[i] * gscale;
+    float mi = beta1 * m1[i] + (1.0f - beta1) * g;
+    float vi = beta2 * m2[i] + (1.0f - beta2) * g * g;
+    m1[i] = mi;
+    m2[i] = vi;
+    float update = (mi / bc1) / (sqrtf(vi / bc2) + eps) + decay * p[i];
+    float np = p[i] - lr * update;
+    p[i] = np;
+    if ((void *)px != (void *)p) { px[i] = fromF<floatX>(np); }   // the floatX copy (bf16 build)
+}
+
+// One AdamW step (decoupled weight decay on the matrices only, config.h) with
+// the gradients multiplied by gscale (gradient clipping). t counts steps from 1.
+// Updates the fp32 master and refreshes its floatX copy.
+void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float wd, float gscale, int t) {
+    if (m->adam_m == NULL) {
+        cudaCheck(cudaMalloc(&m->adam_m, m->nparams * sizeof(float)));
+        cudaCheck(cudaMalloc(&m->adam_v, m->nparams * sizeof(float)));
+        zero(m->adam_m, m->nparams * sizeof(float));
+        zero(m->adam_v, m->nparams * sizeof(float));
+    }
+    float bc1 = 1 - powf(beta1, (float)t), bc2 = 1 - powf(beta2, (float)t);
+    size_t off = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        float decay = param_is_decayed(ti) ? wd : 0;
+        size_t n = m->sizes[ti];
+        if (n > 0) {
+            adamw_kernel<<<ceil_div(n, 256), 256>>>(m->params_mem + off, m->paramsX_mem + off, m->grads_mem + off,
+                                                    m->adam_m + off, m->adam_v + off, n, lr, beta1, beta2, eps,
+                                                    decay, gscale, bc1, bc2);
+            launchCheck();
+        }
+        off += n;
+    }
+}
+
+// Linear warmup to the peak, then cosine decay to lr_min_frac * peak at the last
+// step. (The same schedule as train_mhar.c's lr_at.)
+float lr_at(int step, int steps, int warmup, float peak, float lr_min_frac) {
+    if (step < warmup) { return peak * (step + 1) / warmup; }
+    float lo = peak * lr_min_frac;
+    if (steps - 1 <= warmup) { return peak; }
+    float progress = (float)(step - warmup) / (float)(steps - 1 - warmup);
+    return lo + 0.5f * (1.0f + cosf(3.14159265358979f * progress)) * (peak - lo);
+}
+
+// ----------------------------------------------------------------------------
+// Checkpoints (format in common/checkpoint.h): float32 master weights and
+// AdamW state, the same files as train_mhar.c writes, so either trainer loads
+// the other's. Tensors travel through a host buffer.
+
+void write_floats(FILE *f, const float *dev, size_t n, int elem, const char *path) {
+    float *host = (float *)malloc_check(n * sizeof(float));
+    cudaCheck(cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (elem == 4) { fwrite_check(host, sizeof(float), n, f, path); }
+    else {
+        for (size_t i = 0; i < n; i++) { double d = host[i]; fwrite_check(&d, sizeof(double), 1, f, path); }
+    }
+    free(host);
+}
+
+void read_floats(FILE *f, float *dev, size_t n, int elem, const char *path) {
+    float *host = (float *)malloc_check(n * sizeof(float));
+    if (elem == 4) { fread_check(host, sizeof(float), n, f, path); }
+    else {
+        for (size_t i = 0; i < n; i++) { double d; fread_check(&d, sizeof(double), 1, f, path); host[i] = (float)d; }
+    }
+    cudaCheck(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    free(host);
+}
+
+// Save parameters (content CKPT_PARAMS), parameters + AdamW state (CKPT_TRAIN),
+// or the gradients (CKPT_GRADS), via path.tmp and a rename.
+void model_save(const Model *m, const char *path, CkptInfo info) {
+    char tmp[4096];
+    FILE *f = ckpt_begin_write(path, tmp);
+    int header[CKPT_HEADER_INTS];
+    if (info.elem == 0) { info.elem = 4; }
+    ckpt_header_make(header, &m->cfg, &info);
+    fwrite_check(header, sizeof(int), CKPT_HEADER_INTS, f, tmp);
+    write_floats(f, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem, m->nparams, info.elem, tmp);
+    if (info.content == CKPT_TRAIN) {
+        if (m->adam_m == NULL) { die("internal: saving optimizer state before the first step"); }
+        write_floats(f, m->adam_m, m->nparams, info.elem, tmp);
+        write_floats(f, m->adam_v, m->nparams, info.elem, tmp);
+    }
+    ckpt_end_write(f, tmp, path);
+}
+
+// Load a checkpoint into a model built with the same config (dies on any
+// mismatch). Loads AdamW state too when the file has it.
+void model_load(Model *m, const char *path, CkptInfo *info) {
+    Config fc;
+    FILE *f = ckpt_open_read(path, &fc, info);
+    ckpt_check_config(path, &fc, &m->cfg);
+    if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
+    read_floats(f, m->params_mem, m->nparams, info->elem, path);
+    if ((void *)m->paramsX_mem != (void *)m->params_mem) { cast(m->paramsX_mem, m->params_mem, m->nparams); }
+    if (info->content == CKPT_TRAIN) {
+        if (m->adam_m == NULL) {
+            cudaCheck(cudaMalloc(&m->adam_m, m->nparams * sizeof(float)));
+            cudaCheck(cudaMalloc(&m->adam_v, m->nparams * sizeof(float)));
+        }
+        read_floats(f, m->adam_m, m->nparams, info->elem, path);
+        read_floats(f, m->adam_v, m->nparams, info->elem, path);
+    }
+    fclose(f);
+}
+
+// ----------------------------------------------------------------------------
+// Sampling: start from the EOT token and draw from the softmax, one token at a
+// time; each step reruns the model on the prefix (simple, not fast). The
+// draw is train_mhar.c's, on the last row of logits copied to the host.
+
+void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint64_t *rng) {
+    const Config *c = &m->cfg;
+    int *seq = (int *)malloc_check((size_t)(len + 1) * sizeof(int));
+    floatX *row = (floatX *)malloc_check((size_t)c->V * sizeof(floatX));
+    float *logits = (float *)malloc_check((size_t)c->V * sizeof(float));
+    seq[0] = eot;
+    printf("--- sample ---\n");
+    for (int t = 1; t <= len; t++) {
+        model_forward(m, seq, NULL, 1, t);
+        cudaCheck(cudaMemcpy(row, m->acts.logits + (size_t)(t - 1) * c->V, (size_t)c->V * sizeof(floatX),
+                             cudaMemcpyDeviceToHost));
+        for (int i = 0; i < c->V; i++) { logits[i] = toF(row[i]); }
+        float maxv = -INFINITY;
+        for (int i = 0; i < c->V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
+        double sum = 0;
+        for (int i = 0; i < c->V; i++) { sum += exp((double)(logits[i] - maxv)); }
+        double coin = rng_f32(rng) * sum, cdf = 0;
+        int next = c->V - 1;
+        for (int i = 0; i < c->V; i++) {
+            cdf += exp((double)(logits[i] - maxv));
+            if (coin < cdf) { next = i; break; }
+        }
+        seq[t] = next;
+        if (tok != NULL) {
+            size_t n = 0;
+            const unsigned char *bytes = tokenizer_decode(tok, (uint32_t)next, &n);
+            if (bytes != NULL) { fwrite(bytes, 1, n, stdout); }
+        } else {
+            printf("%d ", next);
+        }
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
+    free(seq); free(row); free(logits);
+}
+
+// mean loss over n batches of a loader (from its start)
+float evaluate(Model *m, DataLoader *dl, int n) {
+    dataloader_reset(dl);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next(dl);
+        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T);
+        sum += m->loss;
+    }
+    return (float)(sum / n);
+}
+
+void model_free(Model *m) {
+    cudaCheck(cudaFree(m->params_mem)); cudaCheck(cudaFree(m->grads_mem));
+    if ((void *)m->paramsX_mem != (void *)m->params_mem) { cudaCheck(cudaFree(m->paramsX_mem)); }
+    cudaCheck(cudaFree(m->adam_m)); cudaCheck(cudaFree(m->adam_v));
+    cudaCheck(cudaFree(m->acts_mem)); cudaCheck(cudaFree(m->gacts_mem));
+    cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
+    cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
+    free(m->pair_off); free(m->site_n); free(m->inputs); free(m->targets); free(m->losses_host);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// The test API (common/gpu_api.h): built with -DTESTING instead of main.
+#ifdef TESTING
+extern "C" {
+
+int MHAR_API(device_check)(char *why, size_t why_len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) { snprintf(why, why_len, "%s", cudaGetErrorString(e)); cudaGetLastError(); return 0; }
+    if (n == 0) { snprintf(why, why_len, "cudaGetDeviceCount reports 0 devices"); return 0; }
+    return n;
+}
+
+void *MHAR_API(create)(const Config *cfg, const float *params, int maxB, int maxT) {
+    Model *m = (Model *)malloc_check(sizeof(Model));
+    model_build(m, cfg, 0, 0.02f);
+    model_set_params(m, params);
+    model_alloc_acts(m, maxB, maxT);
+    return m;
+}
+
+double MHAR_API(forward_backward)(void *model, const int *inputs, const int *targets, int B, int T, float *logits,
+                                  float *grads) {
+    Model *m = (Model *)model;
+    size_t N = (size_t)B * T;
+    model_zero_grad(m);
+    model_forward(m, inputs, targets, B, T);
+    if (logits != NULL) {   // before backward overwrites them with dlogits
+        size_t n = N * m->cfg.V;
+        floatX *tmp = (floatX *)malloc_check(n * sizeof(floatX));
+        cudaCheck(cudaMemcpy(tmp, m->acts.logits, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) { logits[i] = toF(tmp[i]); }
+        free(tmp);
+    }
+    model_backward(m, (float)(1.0 / N));
+    if (grads != NULL) { cudaCheck(cudaMemcpy(grads, m->grads_mem, m->nparams * sizeof(float), cudaMemcpyDeviceToHost)); }
+    return m->loss;
+}
+
+double MHAR_API(train_step)(void *model, const int *inputs, const int *targets, int B, int T, float lr, float beta1,
+                            float beta2, float eps, float wd, float clip, int t, double *norm_out) {
+    Model *m = (Model *)model;
+    model_zero_grad(m);
+    model_forward(m, inputs, targets, B, T);
+    model_backward(m, (float)(1.0 / ((double)B * T)));
+    double norm = grad_norm(m);
+    float gscale = clip > 0 && norm > clip ? (float)(clip / norm) : 1.0f;
+    adamw_update(m, lr, beta1, beta2, eps, wd, gscale, t);
+    cudaCheck(cudaDeviceSynchronize());
+    if (norm_out != NULL) { *norm_out = norm; }
+    return m->loss;
+}
+
+void MHAR_API(get_params)(void *model, float *params) {
+    Model *m = (Model *)model;
+    cudaCheck(cudaMemcpy(params, m->params_mem, m->nparams * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void MHAR_API(free)(void *model) {
+    model_free((Model *)model);
+    free(model);
+}
+
+}  // extern "C"
+#endif
+
+// ----------------------------------------------------------------------------
+// Training loop
+#ifndef TESTING
+int main(int argc, char **argv) {
+    TrainArgs args;
+    args_parse(&args, argc, argv);
+    Config *cfg = &args.cfg;
+    int B = args.B, T = cfg->T;
+    int accum = (int)(args.total_batch / ((long)B * T));
+
+    int ndev = 0;
+    cudaError_t derr = cudaGetDeviceCount(&ndev);
+    if (derr != cudaSuccess || ndev == 0) {
+        die("no CUDA device (%s); run the CPU trainer train_mhar instead",
+            derr != cudaSuccess ? cudaGetErrorString(derr) : "0 devices");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+
+    Model model;
+    model_build(&model, cfg, args.seed, args.init_std);
+    CkptInfo state = {0};
+    state.rng = args.seed ^ 0xA5A5A5A5ull;
+    if (args.resume[0] != '\0') {
+        model_load(&model, args.resume, &state);
+        if (state.content != CKPT_TRAIN) {
+            die("%s holds no optimizer state (content %d); resume needs a training checkpoint", args.resume, state.content);
+        }
+        printf("resumed from %s at step %d\n", args.resume, state.step);
+    }
+    config_print(cfg, stdout);
+    size_t np = model.nparams;
+    printf("parameters: %zu (%.2fM)\n", np, np / 1e6);
+    printf("batch: %d x %d tokens, %d micro-batches per step = %ld tokens; %d steps; %s on %s\n",
+           B, T, accum, args.total_batch, args.steps, PRECISION_NAME, prop.name);
+
+    DataLoader train, val;
+    dataloader_init(&train, args.train_glob, B, T, cfg->V);
+    if (args.resume[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.resume); }
+    int have_val = args.val_glob[0] != '\0' && args.val_every > 0;
+    if (have_val) { dataloader_init(&val, args.val_glob, B, T, cfg->V); }
+    Tokenizer tokenizer;
+    int have_tok = args.tokenizer[0] != '\0';
+    int eot = cfg->V > 50256 ? 50256 : 0;   // GPT-2's end-of-text, when no tokenizer says otherwise
+    if (have_tok) {
+        tokenizer_init(&tokenizer, args.tokenizer);
+        eot = (int)tokenizer_eot(&tokenizer);
+    }
+    if (args.out_dir[0] != '\0') { mkdir(args.out_dir, 0755); }
+    Logger logger;
+    logger_init(&logger, args.out_dir, args.resume[0] != '\0');
+
+    for (int step = state.step; step < args.steps; step++) {
+        int last = step == args.steps - 1;
+        double t0 = wall_ms();
+        model_zero_grad(&model);
+        double loss = 0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next(&train);
+            model_forward(&model, train.inputs, train.targets, B, T);
+            model_backward(&model, (float)(1.0 / ((double)B * T * accum)));
+            loss += model.loss;
+        }
+        loss /= accum;
+        double norm = grad_norm(&model);
+        float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
+        float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
+        adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
+        cudaCheck(cudaDeviceSynchronize());
+        double ms = wall_ms() - t0;
+        double tok_s = args.total_batch / (ms / 1e3);
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
+               step + 1, args.steps, loss, lr, norm, ms, tok_s);
+        logger_train(&logger, step + 1, (float)loss, lr, (float)norm, ms, tok_s);
+
+        if (have_val && ((step + 1) % args.val_every == 0 || last)) {
+            float vl = evaluate(&model, &val, args.val_batches);
+            printf("step %5d | val loss %.6f\n", step + 1, vl);
+            logger_val(&logger, step + 1, vl);
+        }
+        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
+            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
+        }
+        if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/ckpt_%06d.bin", args.out_dir, step + 1);
+            CkptInfo info = {0};
+            info.content = CKPT_TRAIN; info.step = step + 1; info.shard = train.shard; info.pos = train.pos;
+            info.rng = state.rng; info.elem = 4;
+            model_save(&model, path, info);
+            printf("saved %s\n", path);
+        }
+    }
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("done: GPU memory in use %.1f MiB of %.1f MiB; peak RSS %.1f MiB\n",
+           (total_b - free_b) / 1048576.0, total_b / 1048576.0, ru.ru_maxrss / 1024.0);
+    logger_free(&logger);
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    if (have_tok) { tokenizer_free(&tokenizer); }
+    model_free(&model);
+    cublasCheck(cublasDestroy(cublas));
+    return 0;
+}
+#endif

@@ -8,8 +8,9 @@
 #   prepare once, here:   make data/large && bash dev/runs/short_run.sh --prepare
 #   run on the device:    bash dev/runs/short_run.sh      (carry data/short)
 #
-# Environment: STEPS (default 400), SEQS per step (32), B (16), LR (1e-3), RUN_DIR (default
-# runs/short), ARCHIVE (default RUN_DIR/short_run.tar.gz).
+# Environment: T (default 512), SEQS per step (64), B (64), LR (1e-3), STEPS (default: as many as
+# fit BUDGET_S=330 seconds for the slowest mode, measured first), RUN_DIR (default runs/short),
+# ARCHIVE (default RUN_DIR/short_run.tar.gz).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -41,30 +42,41 @@ PY
     exit 0
 fi
 
-STEPS=${STEPS:-400} SEQS=${SEQS:-32} B=${B:-16} LR=${LR:-1e-3} RUN_DIR=${RUN_DIR:-runs/short}
-TRAINER=${TRAINER:-./train_mhar_cu} PRESET=${PRESET:-100m} T=${T:-2048}   # others for a CPU dry run
+SEQS=${SEQS:-64} B=${B:-64} LR=${LR:-1e-3} RUN_DIR=${RUN_DIR:-runs/short} BUDGET_S=${BUDGET_S:-330}
+TRAINER=${TRAINER:-./train_mhar_cu} PRESET=${PRESET:-100m} T=${T:-512}   # others for a CPU dry run
 for f in data/short/*.xz; do [ -f "${f%.xz}" ] || python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" "$f" "${f%.xz}"; done
 make -s "${TRAINER#./}" dev/route_probe
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l || true)
 [ "$NGPU" -ge 1 ] || NGPU=1
 [ "$NGPU" -ge 4 ] || echo "short_run: only $NGPU GPUs: runs will share them" >&2
 mkdir -p "$RUN_DIR"
+DATA_FLAGS=(-i 'data/short/*_train_*.bin' -j 'data/short/*_val_*.bin' -tok data/short/tokenizer.bin)
+if [ -z "${STEPS:-}" ]; then
+    # size the runs to BUDGET_S seconds: time 8 steps of the slowest mode (mhar H=16), skip 3
+    TPS=$(CUDA_VISIBLE_DEVICES=0 $TRAINER -preset "$PRESET" -T "$T" -b "$B" -d $((SEQS * T)) -n 8 -warmup 1 \
+          -r mhar -H 16 "${DATA_FLAGS[@]}" -j '' -sample_every 0 -val_every 0 2>&1 |
+          awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {if (k) printf "%.0f", s / k}')
+    STEPS=$(( BUDGET_S * ${TPS:-1000} / (SEQS * T) ))
+    [ "$STEPS" -ge 20 ] || STEPS=20
+    echo "short_run: slowest mode runs at ${TPS:-?} tok/s: $STEPS steps fit $BUDGET_S s"
+fi
 TOKENS=$((STEPS * SEQS * T))
-echo "short_run: $PRESET model, $STEPS steps x $SEQS x $T = $TOKENS tokens per run, peak lr $LR, seed 1337"
+echo "short_run: $PRESET model at T=$T, $STEPS steps x $SEQS x $T = $TOKENS tokens per run, peak lr $LR, seed 1337"
 names=(std attnres mhar8 mhar16)
 flags=("-r std" "-r attnres" "-r mhar -H 8" "-r mhar -H 16")
 for k in 0 1 2 3; do
-    CUDA_VISIBLE_DEVICES=$((k % NGPU)) $TRAINER -preset "$PRESET" -b "$B" -d $((SEQS * T)) -n "$STEPS" \
-        -lr "$LR" -warmup $((STEPS / 10)) -seed 1337 ${flags[$k]} \
-        -i 'data/short/*_train_*.bin' -j 'data/short/*_val_*.bin' -tok data/short/tokenizer.bin \
-        -val_every 100 -val_batches 30 -sample_every 0 -o "$RUN_DIR/${names[$k]}" > "$RUN_DIR/${names[$k]}.out" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$((k % NGPU)) $TRAINER -preset "$PRESET" -T "$T" -b "$B" -d $((SEQS * T)) -n "$STEPS" \
+        -lr "$LR" -warmup $((STEPS / 10 + 1)) -seed 1337 ${flags[$k]} "${DATA_FLAGS[@]}" \
+        -val_every $((STEPS / 4 + 1)) -val_batches 30 -sample_every 0 -o "$RUN_DIR/${names[$k]}" > "$RUN_DIR/${names[$k]}.out" 2>&1 &
 done
 wait
 # the routing probe on the routed runs (CPU, T=512, 4 x 4 sequences)
 for name in attnres mhar8 mhar16; do
     ck=$(ls "$RUN_DIR/$name"/ckpt_*.bin | tail -1)
-    ./dev/route_probe -c "$ck" -j 'data/short/*_val_*.bin' -b 4 -n 4 -t $((T < 512 ? T : 512)) -o "$RUN_DIR/probe_$name.csv" > "$RUN_DIR/probe_$name.txt" 2>&1 || true
+    OMP_NUM_THREADS=$(( $(nproc) / 3 > 0 ? $(nproc) / 3 : 1 )) ./dev/route_probe -c "$ck" -j 'data/short/*_val_*.bin' \
+        -b 4 -n 4 -t $((T < 512 ? T : 512)) -o "$RUN_DIR/probe_$name.csv" > "$RUN_DIR/probe_$name.txt" 2>&1 &
 done
+wait
 {
     echo "$PRESET, $TOKENS tokens per run, final val loss (30 batches of $B x $T):"
     std=$(awk '/val_loss/ {v=$4} END {print v}' "$RUN_DIR/std/log.txt")

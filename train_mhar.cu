@@ -1416,15 +1416,6 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
     }
 }
 
-// Linear warmup to the peak, then cosine decay to lr_min_frac * peak at the last
-// step. (The same schedule as train_mhar.c's lr_at.)
-float lr_at(int step, int steps, int warmup, float peak, float lr_min_frac) {
-    if (step < warmup) { return peak * (step + 1) / warmup; }
-    float lo = peak * lr_min_frac;
-    if (steps - 1 <= warmup) { return peak; }
-    float progress = (float)(step - warmup) / (float)(steps - 1 - warmup);
-    return lo + 0.5f * (1.0f + cosf(3.14159265358979f * progress)) * (peak - lo);
-}
 
 // ----------------------------------------------------------------------------
 // Checkpoints (format in common/checkpoint.h): float32 master weights and
@@ -1489,59 +1480,6 @@ void model_load(Model *m, const char *path, CkptInfo *info) {
     fclose(f);
 }
 
-// ----------------------------------------------------------------------------
-// Sampling: start from the EOT token and draw from the softmax, one token at a
-// time; each step reruns the model on the prefix (simple, not fast). The
-// draw is train_mhar.c's, on the last row of logits copied to the host.
-
-void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint64_t *rng) {
-    const Config *c = &m->cfg;
-    int *seq = (int *)malloc_check((size_t)(len + 1) * sizeof(int));
-    floatX *row = (floatX *)malloc_check((size_t)c->V * sizeof(floatX));
-    float *logits = (float *)malloc_check((size_t)c->V * sizeof(float));
-    seq[0] = eot;
-    printf("--- sample ---\n");
-    for (int t = 1; t <= len; t++) {
-        model_forward(m, seq, NULL, 1, t);
-        cudaCheck(cudaMemcpy(row, m->acts.logits + (size_t)(t - 1) * c->V, (size_t)c->V * sizeof(floatX),
-                             cudaMemcpyDeviceToHost));
-        for (int i = 0; i < c->V; i++) { logits[i] = toF(row[i]); }
-        float maxv = -INFINITY;
-        for (int i = 0; i < c->V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
-        double sum = 0;
-        for (int i = 0; i < c->V; i++) { sum += exp((double)(logits[i] - maxv)); }
-        double coin = rng_f32(rng) * sum, cdf = 0;
-        int next = c->V - 1;
-        for (int i = 0; i < c->V; i++) {
-            cdf += exp((double)(logits[i] - maxv));
-            if (coin < cdf) { next = i; break; }
-        }
-        seq[t] = next;
-        if (tok != NULL) {
-            size_t n = 0;
-            const unsigned char *bytes = tokenizer_decode(tok, (uint32_t)next, &n);
-            if (bytes != NULL) { fwrite(bytes, 1, n, stdout); }
-        } else {
-            printf("%d ", next);
-        }
-        fflush(stdout);
-    }
-    printf("\n--------------\n");
-    free(seq); free(row); free(logits);
-}
-
-// mean loss over n batches of a loader (from its start)
-float evaluate(Model *m, DataLoader *dl, int n) {
-    dataloader_reset(dl);
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        dataloader_next(dl);
-        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T);
-        sum += m->loss;
-    }
-    return (float)(sum / n);
-}
-
 void model_free(Model *m) {
     cudaCheck(cudaFree(m->params_mem)); cudaCheck(cudaFree(m->grads_mem));
     if ((void *)m->paramsX_mem != (void *)m->params_mem) { cudaCheck(cudaFree(m->paramsX_mem)); }
@@ -1551,6 +1489,43 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
     free(m->pair_off); free(m->site_n); free(m->inputs); free(m->targets); free(m->losses_host);
 }
+
+
+// ----------------------------------------------------------------------------
+// Training loop: common/train_loop.h (shared with train_mhar.c), with the GPU's hooks
+
+static void device_init(char *desc, size_t n) {
+    int ndev = 0;
+    cudaError_t derr = cudaGetDeviceCount(&ndev);
+    if (derr != cudaSuccess || ndev == 0) {
+        die("no CUDA device (%s); run the CPU trainer train_mhar instead",
+            derr != cudaSuccess ? cudaGetErrorString(derr) : "0 devices");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    snprintf(desc, n, "%s on %.200s", PRECISION_NAME, prop.name);
+}
+
+static void device_sync(void) { cudaCheck(cudaDeviceSynchronize()); }
+
+// GPU memory in use at the end of training, then release cuBLAS
+static void device_finish(char *desc, size_t n) {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    snprintf(desc, n, "GPU memory in use %.1f MiB of %.1f MiB; ", (total_b - free_b) / 1048576.0, total_b / 1048576.0);
+    if (cublas != NULL) { cublasCheck(cublasDestroy(cublas)); cublas = NULL; }
+}
+
+// row t of the last forward's logits, copied to the host as float
+static void model_logits_row(Model *m, int t, float *out) {
+    int V = m->cfg.V;
+    floatX *row = (floatX *)malloc_check((size_t)V * sizeof(floatX));
+    cudaCheck(cudaMemcpy(row, m->acts.logits + (size_t)t * V, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < V; i++) { out[i] = toF(row[i]); }
+    free(row);
+}
+
+#include "common/train_loop.h"
 
 }  // namespace
 
@@ -1623,108 +1598,5 @@ void MHAR_API(free)(void *model) {
 // ----------------------------------------------------------------------------
 // Training loop
 #ifndef TESTING
-int main(int argc, char **argv) {
-    TrainArgs args;
-    args_parse(&args, argc, argv);
-    Config *cfg = &args.cfg;
-    int B = args.B, T = cfg->T;
-    int accum = (int)(args.total_batch / ((long)B * T));
-
-    int ndev = 0;
-    cudaError_t derr = cudaGetDeviceCount(&ndev);
-    if (derr != cudaSuccess || ndev == 0) {
-        die("no CUDA device (%s); run the CPU trainer train_mhar instead",
-            derr != cudaSuccess ? cudaGetErrorString(derr) : "0 devices");
-    }
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-
-    Model model;
-    model_build(&model, cfg, args.seed, args.init_std);
-    CkptInfo state = {0};
-    state.rng = args.seed ^ 0xA5A5A5A5ull;
-    if (args.resume[0] != '\0') {
-        model_load(&model, args.resume, &state);
-        if (state.content != CKPT_TRAIN) {
-            die("%s holds no optimizer state (content %d); resume needs a training checkpoint", args.resume, state.content);
-        }
-        printf("resumed from %s at step %d\n", args.resume, state.step);
-    }
-    config_print(cfg, stdout);
-    size_t np = model.nparams;
-    printf("parameters: %zu (%.2fM)\n", np, np / 1e6);
-    printf("batch: %d x %d tokens, %d micro-batches per step = %ld tokens; %d steps; %s on %s\n",
-           B, T, accum, args.total_batch, args.steps, PRECISION_NAME, prop.name);
-
-    DataLoader train, val;
-    dataloader_init(&train, args.train_glob, B, T, cfg->V);
-    if (args.resume[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.resume); }
-    int have_val = args.val_glob[0] != '\0' && args.val_every > 0;
-    if (have_val) { dataloader_init(&val, args.val_glob, B, T, cfg->V); }
-    Tokenizer tokenizer;
-    int have_tok = args.tokenizer[0] != '\0';
-    int eot = cfg->V > 50256 ? 50256 : 0;   // GPT-2's end-of-text, when no tokenizer says otherwise
-    if (have_tok) {
-        tokenizer_init(&tokenizer, args.tokenizer);
-        eot = (int)tokenizer_eot(&tokenizer);
-    }
-    if (args.out_dir[0] != '\0') { mkdir(args.out_dir, 0755); }
-    Logger logger;
-    logger_init(&logger, args.out_dir, args.resume[0] != '\0');
-
-    for (int step = state.step; step < args.steps; step++) {
-        int last = step == args.steps - 1;
-        double t0 = wall_ms();
-        model_zero_grad(&model);
-        double loss = 0;
-        for (int micro = 0; micro < accum; micro++) {
-            dataloader_next(&train);
-            model_forward(&model, train.inputs, train.targets, B, T);
-            model_backward(&model, (float)(1.0 / ((double)B * T * accum)));
-            loss += model.loss;
-        }
-        loss /= accum;
-        double norm = grad_norm(&model);
-        float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
-        float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
-        adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
-        cudaCheck(cudaDeviceSynchronize());
-        double ms = wall_ms() - t0;
-        double tok_s = args.total_batch / (ms / 1e3);
-        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
-               step + 1, args.steps, loss, lr, norm, ms, tok_s);
-        logger_train(&logger, step + 1, (float)loss, lr, (float)norm, ms, tok_s);
-
-        if (have_val && ((step + 1) % args.val_every == 0 || last)) {
-            float vl = evaluate(&model, &val, args.val_batches);
-            printf("step %5d | val loss %.6f\n", step + 1, vl);
-            logger_val(&logger, step + 1, vl);
-        }
-        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
-            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
-        }
-        if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
-            char path[4096];
-            snprintf(path, sizeof(path), "%s/ckpt_%06d.bin", args.out_dir, step + 1);
-            CkptInfo info = {0};
-            info.content = CKPT_TRAIN; info.step = step + 1; info.shard = train.shard; info.pos = train.pos;
-            info.rng = state.rng; info.elem = 4;
-            model_save(&model, path, info);
-            printf("saved %s\n", path);
-        }
-    }
-    size_t free_b = 0, total_b = 0;
-    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    printf("done: GPU memory in use %.1f MiB of %.1f MiB; peak RSS %.1f MiB\n",
-           (total_b - free_b) / 1048576.0, total_b / 1048576.0, ru.ru_maxrss / 1024.0);
-    logger_free(&logger);
-    dataloader_free(&train);
-    if (have_val) { dataloader_free(&val); }
-    if (have_tok) { tokenizer_free(&tokenizer); }
-    model_free(&model);
-    cublasCheck(cublasDestroy(cublas));
-    return 0;
-}
+int main(int argc, char **argv) { return train_main(argc, argv); }
 #endif

@@ -15,27 +15,32 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 if [ "${1:-}" = --prepare ]; then
-    # 80M train tokens (10 slices of 8M spread over the corpus) and 2M val tokens,
-    # xz-compressed so that they travel inside the 64 MiB working-tree limit
+    # 80M train tokens as 2,441 windows of 32,768 tokens at random places of the whole
+    # corpus, in random order: data_prep writes documents in path order, so contiguous
+    # slices would feed one part of the kernel tree at a time and the val loss (documents
+    # spread over the whole tree) would drift with the stream. Val: 61 random windows (2M tokens).
+    # Both are xz-compressed so that they travel inside the 64 MiB working-tree limit.
     mkdir -p data/short
     /usr/bin/python3 - <<'PY'
-import glob, lzma, shutil, struct
+import glob, lzma, random, shutil, struct
 def header(n): return struct.pack('<256i', *([20240520, 1, n] + [0] * 253))
 shards = sorted(glob.glob('data/large/*_train_*.bin'))
 counts = [struct.unpack('<3i', open(s, 'rb').read(12))[2] for s in shards]
-total, per, slices = sum(counts), 8_000_000, 10
+win, nwin = 32768, 80_000_000 // 32768
+rng = random.Random(1337)
 body = bytearray()
-for k in range(slices):
-    start, acc = k * (total - per) // (slices - 1), 0
-    for s, c in zip(shards, counts):
-        if start < acc + c:
-            with open(s, 'rb') as f:
-                f.seek(1024 + 2 * min(start - acc, c - per)); body += f.read(2 * per)
-            break
-        acc += c
+for _ in range(nwin):
+    k = rng.choices(range(len(shards)), weights=counts)[0]
+    off = rng.randrange(counts[k] - win)
+    with open(shards[k], 'rb') as f:
+        f.seek(1024 + 2 * off); body += f.read(2 * win)
 open('data/short/short_train_000000.bin.xz', 'wb').write(lzma.compress(header(len(body) // 2) + bytes(body), preset=6))
-val = open(glob.glob('data/large/*_val_*.bin')[0], 'rb').read()[1024:1024 + 2 * 2_000_000]
-open('data/short/short_val_000000.bin.xz', 'wb').write(lzma.compress(header(len(val) // 2) + val, preset=6))
+val_all = open(glob.glob('data/large/*_val_*.bin')[0], 'rb').read()[1024:]
+val = bytearray()
+for _ in range(2_000_000 // win):   # the val documents are in path order too: random windows
+    off = rng.randrange(len(val_all) // 2 - win)
+    val += val_all[2 * off:2 * (off + win)]
+open('data/short/short_val_000000.bin.xz', 'wb').write(lzma.compress(header(len(val) // 2) + bytes(val), preset=6))
 shutil.copy('data/large/tokenizer.bin', 'data/short/tokenizer.bin')
 PY
     ls -la data/short

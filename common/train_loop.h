@@ -1,0 +1,175 @@
+// The training loop, shared by both trainers: learning-rate schedule,
+// validation, sampling and main's loop. A trainer includes this header after
+// its model code. Besides the model functions (model_build, model_load,
+// model_forward, model_backward, model_zero_grad, grad_norm, adamw_update,
+// model_save, model_free, and the Model struct with cfg, nparams and loss),
+// it defines these hooks for what differs between the CPU and the GPU:
+//   void device_init(char *desc, size_t n)   set up, describe the hardware ("2 threads")
+//   void device_sync(void)                   wait for queued work (for timing)
+//   void device_finish(char *desc, size_t n) tear down, describe memory use at the end
+//   void model_logits_row(Model *m, int t, float *out)   row t of the last forward's
+//                                                         logits (V floats) on the host
+#pragma once
+#include <sys/resource.h>
+#include "args.h"
+#include "checkpoint.h"
+#include "dataloader.h"
+#include "logger.h"
+#include "tokenizer.h"
+
+// Linear warmup to the peak, then cosine decay to lr_min_frac * peak at the last step.
+static float lr_at(int step, int steps, int warmup, float peak, float lr_min_frac) {
+    if (step < warmup) { return peak * (step + 1) / warmup; }
+    float lo = peak * lr_min_frac;
+    if (steps - 1 <= warmup) { return peak; }
+    float progress = (float)(step - warmup) / (float)(steps - 1 - warmup);
+    return lo + 0.5f * (1.0f + cosf(3.14159265358979f * progress)) * (peak - lo);
+}
+
+// Mean loss over the first n batches of a loader.
+static float evaluate(Model *m, DataLoader *dl, int n) {
+    dataloader_reset(dl);
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next(dl);
+        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T);
+        sum += m->loss;
+    }
+    return (float)(sum / n);
+}
+
+// Print len tokens drawn from the model, starting from the EOT token; each
+// step reruns the model on the prefix (simple, not fast). Decodes with tok,
+// or prints ids when tok is NULL.
+static void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint64_t *rng) {
+    int V = m->cfg.V;
+    int *seq = (int *)malloc_check((size_t)(len + 1) * sizeof(int));
+    float *logits = (float *)malloc_check((size_t)V * sizeof(float));
+    seq[0] = eot;
+    printf("--- sample ---\n");
+    for (int t = 1; t <= len; t++) {
+        model_forward(m, seq, NULL, 1, t);
+        model_logits_row(m, t - 1, logits);
+        // draw from softmax(logits): inverse CDF with one uniform number
+        float maxv = -INFINITY;
+        for (int i = 0; i < V; i++) { if (logits[i] > maxv) { maxv = logits[i]; } }
+        double sum = 0;
+        for (int i = 0; i < V; i++) { sum += exp((double)(logits[i] - maxv)); }
+        double coin = rng_f32(rng) * sum, cdf = 0;
+        int next = V - 1;
+        for (int i = 0; i < V; i++) {
+            cdf += exp((double)(logits[i] - maxv));
+            if (coin < cdf) { next = i; break; }
+        }
+        seq[t] = next;
+        if (tok != NULL) {
+            size_t n = 0;
+            const unsigned char *bytes = tokenizer_decode(tok, (uint32_t)next, &n);
+            if (bytes != NULL) { fwrite(bytes, 1, n, stdout); }
+        } else {
+            printf("%d ", next);
+        }
+        fflush(stdout);
+    }
+    printf("\n--------------\n");
+    free(seq);
+    free(logits);
+}
+
+// main of both trainers: parse flags, build or resume, train with gradient
+// accumulation, AdamW and clipping; validate, sample and checkpoint on schedule.
+static int train_main(int argc, char **argv) {
+    TrainArgs args;
+    args_parse(&args, argc, argv);
+    Config *cfg = &args.cfg;
+    int B = args.B, T = cfg->T;
+    int accum = (int)(args.total_batch / ((long)B * T));
+    char desc[256];
+    device_init(desc, sizeof(desc));
+
+    Model model;
+    model_build(&model, cfg, args.seed, args.init_std);
+    CkptInfo state;
+    memset(&state, 0, sizeof(state));
+    state.rng = args.seed ^ 0xA5A5A5A5ull;
+    if (args.resume[0] != '\0') {
+        model_load(&model, args.resume, &state);
+        if (state.content != CKPT_TRAIN) {
+            die("%s holds no optimizer state (content %d); resume needs a training checkpoint", args.resume, state.content);
+        }
+        printf("resumed from %s at step %d\n", args.resume, state.step);
+    }
+    config_print(cfg, stdout);
+    printf("parameters: %zu (%.2fM)\n", model.nparams, model.nparams / 1e6);
+    printf("batch: %d x %d tokens, %d micro-batches per step = %ld tokens; %d steps; %s\n",
+           B, T, accum, args.total_batch, args.steps, desc);
+
+    DataLoader train, val;
+    dataloader_init(&train, args.train_glob, B, T, cfg->V);
+    if (args.resume[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.resume); }
+    int have_val = args.val_glob[0] != '\0' && args.val_every > 0;
+    if (have_val) { dataloader_init(&val, args.val_glob, B, T, cfg->V); }
+    Tokenizer tokenizer;
+    int have_tok = args.tokenizer[0] != '\0';
+    int eot = cfg->V > 50256 ? 50256 : 0;   // GPT-2's end-of-text, when no tokenizer says otherwise
+    if (have_tok) {
+        tokenizer_init(&tokenizer, args.tokenizer);
+        eot = (int)tokenizer_eot(&tokenizer);
+    }
+    if (args.out_dir[0] != '\0') { mkdir_p(args.out_dir); }
+    Logger logger;
+    logger_init(&logger, args.out_dir, args.resume[0] != '\0');
+
+    for (int step = state.step; step < args.steps; step++) {
+        int last = step == args.steps - 1;
+        double t0 = wall_ms();
+        model_zero_grad(&model);
+        double loss = 0;
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_next(&train);
+            model_forward(&model, train.inputs, train.targets, B, T);
+            model_backward(&model, 1.0 / ((double)B * T * accum));   // d mean-loss / d each position's loss
+            loss += model.loss;
+        }
+        loss /= accum;
+        double norm = grad_norm(&model);
+        float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
+        float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
+        adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
+        device_sync();
+        double ms = wall_ms() - t0;
+        double tok_s = args.total_batch / (ms / 1e3);
+        printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
+               step + 1, args.steps, loss, lr, norm, ms, tok_s);
+        logger_train(&logger, step + 1, (float)loss, lr, (float)norm, ms, tok_s);
+
+        if (have_val && ((step + 1) % args.val_every == 0 || last)) {
+            float vl = evaluate(&model, &val, args.val_batches);
+            printf("step %5d | val loss %.6f\n", step + 1, vl);
+            logger_val(&logger, step + 1, vl);
+        }
+        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
+            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
+        }
+        if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/ckpt_%06d.bin", args.out_dir, step + 1);
+            CkptInfo info;
+            memset(&info, 0, sizeof(info));
+            info.content = CKPT_TRAIN; info.step = step + 1; info.shard = train.shard; info.pos = train.pos;
+            info.rng = state.rng; info.elem = 4;
+            model_save(&model, path, info);
+            printf("saved %s\n", path);
+        }
+    }
+    device_finish(desc, sizeof(desc));   // before freeing, so it sees the memory in use
+    logger_free(&logger);
+    dataloader_free(&train);
+    if (have_val) { dataloader_free(&val); }
+    if (have_tok) { tokenizer_free(&tokenizer); }
+    model_free(&model);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("done: %speak RSS %.1f MiB\n", desc, ru.ru_maxrss / 1024.0);
+    return 0;
+}

@@ -98,6 +98,13 @@ train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS)
 train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
+# the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
+LAB_BINS = dev/cuda/attention dev/cuda/route
+dev/cuda/%: dev/cuda/%.cu
+	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
+.PHONY: lab
+lab: $(LAB_BINS)
+
 clean: clean-cuda
 clean-cuda:
-	rm -f $(GPU_BINS) $(GPU_OBJS)
+	rm -f $(GPU_BINS) $(GPU_OBJS) $(LAB_BINS)

@@ -63,13 +63,13 @@ test-data-prep: data_prep/tokenize data_prep/test_tokenize data/vocab/r50k_base.
 data/tiny: data_prep/tokenize data/vocab/r50k_base.tiktoken data/raw/moby_dick/moby_dick.txt
 	./data_prep/tokenize -o data/tiny --sections --section-blank-lines 3 --val-fraction 0.1 data/raw/moby_dick/moby_dick.txt
 
-# one book, one document
+# one book, one document, in a random order fixed by the seed
 data/medium: data_prep/tokenize data/vocab/r50k_base.tiktoken data/raw/gutenberg/.done
-	./data_prep/tokenize -o data/medium --pattern '*.txt' --val-fraction 0.1 data/raw/gutenberg
+	./data_prep/tokenize -o data/medium --pattern '*.txt' --shuffle 1337 --val-fraction 0.1 data/raw/gutenberg
 
-# one source file, one document; LARGE_FLAGS can cap it, e.g. LARGE_FLAGS='--max-bytes 100000000'
+# one source file, one document, in a random order fixed by the seed (not path order); LARGE_FLAGS can cap it, e.g. LARGE_FLAGS='--max-bytes 100000000'
 data/large: data_prep/tokenize data/vocab/r50k_base.tiktoken data/raw/linux/.done
-	./data_prep/tokenize -o data/large --pattern '*.c' --pattern '*.h' --pattern '*.rst' --val-fraction 0.01 $(LARGE_FLAGS) data/raw/linux
+	./data_prep/tokenize -o data/large --pattern '*.c' --pattern '*.h' --pattern '*.rst' --shuffle 1337 --val-fraction 0.01 $(LARGE_FLAGS) data/raw/linux
 
 # BENCH_TEXT: the text to time (default: Moby Dick)
 BENCH_TEXT ?= data/raw/moby_dick/moby_dick.txt

@@ -418,9 +418,36 @@ static void test_shards(void) {
     snprintf(path, sizeof path, "%s/data_train_000001.bin", out2);
     check(access(path, F_OK) != 0, "stale shard %s from the earlier run was not removed", path);
 
+    // --shuffle SEED: the same documents in another order, the same order for the same seed
+    char out3[512], out4[512];
+    snprintf(out3, sizeof out3, "%s/out3", tmpdir);
+    snprintf(out4, sizeof out4, "%s/out4", tmpdir);
+    const char *outs[2] = {out3, out4};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s -q -o %s --pattern '*.txt' --shuffle 7 --val-fraction 0.2 --threads %d %s",
+                 TOKENIZE_BIN, outs[k], k + 1, corpus);
+        rc = run(cmd, &err);
+        check(rc == 0, "tokenize --shuffle failed: %s", err);
+        free(err);
+    }
+    TokenBuf sh_train = {0}, sh_val = {0};
+    read_split(out3, "train", 100000000, &sh_train);
+    read_split(out3, "val", 100000000, &sh_val);
+    size_t sh_eots = 0;
+    for (size_t i = 0; i < sh_train.len; i++) sh_eots += sh_train.data[i] == GPT2_EOT;
+    for (size_t i = 0; i < sh_val.len; i++) sh_eots += sh_val.data[i] == GPT2_EOT;
+    char a3[1024], a4[1024];
+    snprintf(a3, sizeof a3, "%s/data_train_000000.bin", out3);
+    snprintf(a4, sizeof a4, "%s/data_train_000000.bin", out4);
+    check(sh_eots == 23 && sh_train.len + sh_val.len == want_train.len + want_val.len,
+          "--shuffle lost or added documents (%zu EOTs, %zu tokens)", sh_eots, sh_train.len + sh_val.len);
+    check(!same_tokens(&sh_train, &want_train), "--shuffle 7 left the documents in path order");
+    check(same_file(a3, a4), "--shuffle 7 gave different shards on two runs");
+    tokenbuf_free(&sh_train); tokenbuf_free(&sh_val);
+
     tokenbuf_free(&train); tokenbuf_free(&val); tokenbuf_free(&want_train); tokenbuf_free(&want_val);
     tokenbuf_free(&capped); tokenbuf_free(&want_capped); tokenbuf_free(&want_capped_val);
-    printf("shards: %d train + %d val shards of %zu tokens, order, split, EOTs, threads, --max-docs\n", n_train, n_val, shard_tokens);
+    printf("shards: %d train + %d val shards of %zu tokens, order, split, EOTs, threads, --max-docs, --shuffle\n", n_train, n_val, shard_tokens);
 }
 
 // --sections: blank-line separated documents, with --section-blank-lines

@@ -59,6 +59,7 @@ typedef struct {
     size_t shard_tokens;
     int threads;
     size_t max_docs, max_bytes; // 0 = no limit
+    long long shuffle_seed;     // -1 = keep the sorted input order
     int quiet;
     const char **inputs;
     size_t n_inputs;
@@ -92,6 +93,9 @@ static void usage(FILE *f) {
         "  --threads N                 threads (default: all cores)\n"
         "  --max-docs N                stop after N documents (default: all)\n"
         "  --max-bytes N               stop after the document that reaches N bytes of text (default: all)\n"
+        "  --shuffle SEED              put the input files in a random order fixed by SEED (default: sorted\n"
+        "                              path order); trainers read shards front to back, so a source tree\n"
+        "                              in path order would reach them one directory at a time\n"
         "  -q, --quiet                 no progress lines on stderr\n"
         "  -h, --help                  this text\n");
 }
@@ -123,6 +127,7 @@ static void parse_args(int argc, char **argv, Options *opt) {
     opt->val_fraction = 0.1;
     opt->shard_tokens = 100000000;
     opt->threads = omp_get_num_procs();
+    opt->shuffle_seed = -1;
     opt->patterns = (const char **)calloc((size_t)argc, sizeof(char *));
     opt->inputs = (const char **)calloc((size_t)argc, sizeof(char *));
     for (int i = 1; i < argc; i++) {
@@ -133,6 +138,11 @@ static void parse_args(int argc, char **argv, Options *opt) {
         if (!strcmp(a, "-o") || !strcmp(a, "--out-dir")) opt->out_dir = v;
         else if (!strcmp(a, "--name")) opt->name = v;
         else if (!strcmp(a, "--vocab")) opt->vocab = v;
+        else if (!strcmp(a, "--shuffle")) {
+            char *e = NULL;
+            opt->shuffle_seed = v ? strtoll(v, &e, 10) : -1;
+            if (!v || e == v || *e || opt->shuffle_seed < 0) flag_error("--shuffle", v ? v : "(none)", "give a seed >= 0");
+        }
         else if (!strcmp(a, "--tokenizer-out")) opt->tokenizer_out = v;
         else if (!strcmp(a, "--pattern")) { if (v) opt->patterns[opt->n_patterns++] = v; }
         else if (!strcmp(a, "--section-blank-lines")) opt->section_blank_lines = parse_size(a, v);
@@ -259,6 +269,20 @@ static void collect_inputs(const Options *opt, FileList *fl) {
             fprintf(stderr, "error: input %s is not a regular file or directory; fix: pass text files or directories\n", in);
             exit(1);
         }
+    }
+}
+
+// Puts the files in a random order fixed by the seed (Fisher-Yates with xorshift).
+// A trainer reads shards front to back, so documents in path order would feed it
+// one part of a source tree at a time; shuffled, every stretch of a shard is a
+// sample of the whole corpus, and the val split is a random sample too.
+static void shuffle_files(FileList *fl, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    for (size_t i = fl->n; i > 1; i--) {
+        x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+        size_t j = (size_t)((x * 0x2545F4914F6CDD1Dull) % i);
+        char *p = fl->paths[i - 1]; fl->paths[i - 1] = fl->paths[j]; fl->paths[j] = p;
+        size_t s = fl->sizes[i - 1]; fl->sizes[i - 1] = fl->sizes[j]; fl->sizes[j] = s;
     }
 }
 
@@ -642,6 +666,7 @@ int main(int argc, char **argv) {
     bpe_load(&bpe, opt.vocab);
     FileList files;
     collect_inputs(&opt, &files);
+    if (opt.shuffle_seed >= 0) shuffle_files(&files, (uint64_t)opt.shuffle_seed);
     size_t total_bytes = opt.max_bytes && opt.max_bytes < files.total_bytes ? opt.max_bytes : files.total_bytes;
     make_dirs(opt.out_dir);
     char tok_path[4096];

@@ -5,13 +5,14 @@ A Qwen3-style transformer (RMSNorm, RoPE, GQA with QK-norm, SwiGLU, tied
 embeddings) whose residual stream is either the usual running sum (std) or
 MHAR routing: the input of every sublayer is a learned softmax mix, over depth,
 of all earlier sublayer outputs, with one softmax per routing head. The model
-is specified in SPEC.md; section numbers below refer to it.
+is specified in ../shared/SPEC.md; section numbers below refer to it.
 
 Every forward and backward pass is written out by hand in plain C. Each layer
 has X_forward and X_backward side by side; backward functions add (+=) into
 their gradient outputs. The routing lives in source_stat_forward,
 route_forward and route_backward. Read top to bottom: layers, then the model,
-then the training loop.
+then the optimiser and checkpoints. The training loop itself (main) is
+common/train_loop.h, shared with the CUDA trainer train_mhar.cu.
 
 Build: make train_mhar. Floats are `real`, float by default; the test build
 compiles this same file with -DMHAR_REAL=double for finite differences.

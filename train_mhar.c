@@ -534,7 +534,7 @@ static void point_params(ParamTensors *p, real *mem, const size_t sizes[NUM_PARA
 
 // Forward activations kept for backward, in one allocation. N = B*T positions,
 // J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
-#define NUM_ACT_TENSORS 20
+#define NUM_ACT_TENSORS 22
 typedef struct {
     real *slots;    // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
     real *slot_r;   // (J, N)     r_i of each slot (mhar)
@@ -555,7 +555,9 @@ typedef struct {
     real *mu;       // (L, N, F)  up projection Wu u
     real *mh;       // (L, N, F)  silu(mg) * mu
     real *out;      // (N, C)  output of the current sublayer (scratch)
-    real *logits;   // (N, V)
+    real *logits;   // (N, V)  the V real rows of the tied head; backward reuses it for dlogits
+    real *probs;    // (N, V)  softmax of the logits
+    real *losses;   // (N)     cross-entropy of each position
 } Acts;
 
 // Backward scratch and gradients of activations, in one allocation.
@@ -582,8 +584,6 @@ typedef struct {
     Acts acts;
     GradActs gacts;
     real *acts_mem, *gacts_mem;
-    real *probs;                    // (N, V) softmax of the logits
-    real *losses;                   // (N)
     real *rope_cos, *rope_sin;      // (T, HD/2)
     size_t *pair_off;               // (J+1) routing pairs before site j
     int *inputs, *targets;          // the current batch (B, T)
@@ -632,11 +632,12 @@ static void model_alloc_acts(Model *m, int B, int T) {
     size_t asz[NUM_ACT_TENSORS] = {
         J * N * C, mhar ? J * N : 0, pairs * N * c->H, mhar ? J * N * C : 0, J * N * C, J * N,
         L * N * QD, L * N * KVD, L * N * QD, L * N * KVD, L * N * KVD, L * N * c->NH, L * N * c->NKV,
-        L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V};
+        L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V, N * c->V, N};
     real **aptr[NUM_ACT_TENSORS] = {
         &m->acts.slots, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.ln, &m->acts.ln_rstd,
         &m->acts.qr, &m->acts.kr, &m->acts.q, &m->acts.k, &m->acts.v, &m->acts.q_rstd, &m->acts.k_rstd,
-        &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits};
+        &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits,
+        &m->acts.probs, &m->acts.losses};
     size_t total = 0;
     for (int i = 0; i < NUM_ACT_TENSORS; i++) { total += asz[i]; }
     m->acts_mem = (real *)calloc_check(total, sizeof(real));
@@ -656,8 +657,6 @@ static void model_alloc_acts(Model *m, int B, int T) {
     p = m->gacts_mem;
     for (int i = 0; i < NUM_GRAD_ACT_TENSORS; i++) { *gptr[i] = p; p += gsz[i]; }
 
-    m->probs = (real *)calloc_check(N * c->V, sizeof(real));
-    m->losses = (real *)calloc_check(N, sizeof(real));
     m->inputs = (int *)calloc_check(N, sizeof(int));
     m->targets = (int *)calloc_check(N, sizeof(int));
     m->maxB = B; m->maxT = T;
@@ -815,9 +814,9 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     matmul_forward(a->logits, uf, p->wte, N, c->C, c->V);   // tied head: the V real rows of wte
     if (targets == NULL) { return; }
     memcpy(m->targets, targets, N * sizeof(int));
-    crossentropy_forward(m->losses, m->probs, a->logits, targets, N, c->V);
+    crossentropy_forward(a->losses, a->probs, a->logits, targets, N, c->V);
     double sum = 0;
-    for (size_t n = 0; n < N; n++) { sum += m->losses[n]; }
+    for (size_t n = 0; n < N; n++) { sum += a->losses[n]; }
     m->loss = (real)(sum / N);
 }
 
@@ -837,7 +836,7 @@ void model_backward(Model *m, real dloss) {
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     real *dlogits = a->logits;   // the logits are spent: reuse their buffer
     memset(dlogits, 0, N * c->V * sizeof(real));
-    crossentropy_backward(dlogits, m->probs, m->targets, dloss, N, c->V);
+    crossentropy_backward(dlogits, a->probs, m->targets, dloss, N, c->V);
     real *uf = a->ln + 2 * L * N * C;
     memset(g->dln, 0, N * C * sizeof(real));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
@@ -991,7 +990,7 @@ void model_load(Model *m, const char *path, CkptInfo *info) {
 
 void model_free(Model *m) {
     free(m->params_mem); free(m->grads_mem); free(m->adam_m); free(m->adam_v);
-    free(m->acts_mem); free(m->gacts_mem); free(m->probs); free(m->losses);
+    free(m->acts_mem); free(m->gacts_mem);
     free(m->rope_cos); free(m->rope_sin); free(m->pair_off); free(m->inputs); free(m->targets);
 }
 

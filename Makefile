@@ -13,7 +13,7 @@ CFLAGS += $(if $(OPENMP),$(OPENMP),-Wno-unknown-pragmas)
 LDLIBS = -lm
 HEADERS = $(wildcard common/*.h)
 
-.PHONY: all test deps bench quickstart clean
+.PHONY: all test deps bench bench-gpu quickstart clean
 all: train_mhar test_mhar
 
 train_mhar: train_mhar.c $(HEADERS)
@@ -52,6 +52,10 @@ deps:
 bench: train_mhar dev/bench_matmul
 	./dev/bench_matmul
 	bash dev/bench_cpu.sh
+
+# issue 5's side-by-side GPU benchmark: our CUDA trainer against the PyTorch model
+bench-gpu:
+	bash dev/bench_gpu.sh
 
 quickstart: train_mhar
 	bash dev/quickstart.sh

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# GPU benchmark of issue 5: our CUDA trainer (std, mhar H=8, block S=4 and S=8) and the PyTorch
+# model (dev/torch_ref, torch.compile + bf16 autocast + SDPA + fused AdamW), side by side in one
+# run. The 100M model, B=16, T=2048, random tokens, GPT-2's vocabulary (Vp 50304).
+# Prints tokens/s, MFU, peak GPU memory of each, and the ratios the issue targets:
+#   std >= 1.10x PyTorch std;  mhar H=8 >= 0.93x our std;  block >= 0.97x our std;
+#   memory of mhar <= 1.10x our std.
+# MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
+# dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
+#   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON)
+# Dry run without a GPU: TRAINER=./train_mhar PRESET=test T=16 B=4 TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-15} B=${B:-16} T=${T:-2048} PRESET=${PRESET:-100m} TRAINER=${TRAINER:-./train_mhar_cu}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989} TORCH_DEVICE=${TORCH_DEVICE:-cuda} PYTHON=${PYTHON:-python3}
+make -s "${TRAINER#./}"
+mkdir -p data/bench
+[ -f data/bench/random_3m.bin ] || python3 dev/make_shard.py data/bench/random_3m.bin --tokens 3000000 --vocab 50257
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+echo "bench_gpu: ${GPU:-no GPU}; $PRESET, B=$B, T=$T, $STEPS steps per run"
+
+# our trainer: mean tokens/s after the first 3 steps, GPU memory in use at the end, parameters
+ours() {
+    local log
+    log=$("$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -n "$STEPS" -warmup 1 -i data/bench/random_3m.bin -j '' \
+          -sample_every 0 -val_every 0 "$@" 2>&1) || { echo "$log" >&2; exit 1; }
+    local tps mem params
+    tps=$(echo "$log" | awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {printf "%.0f", k ? s / k : 0}')
+    mem=$(echo "$log" | sed -n 's/.*GPU memory in use \([0-9.]*\) MiB.*/\1/p')
+    params=$(echo "$log" | awk '/^parameters:/ {print $2}')
+    echo "$tps ${mem:-0} $params"
+}
+# the torch model with the preset's shape
+case $PRESET in
+    100m) SHAPE="--L 12 --C 512 --NH 8 --NKV 4 --F 1536" ;;
+    test) SHAPE="--L 2 --C 32 --NH 4 --NKV 2 --F 48" ;;
+    *) echo "error: PRESET=$PRESET: use 100m (or test for a dry run)" >&2; exit 1 ;;
+esac
+theirs() {
+    "$PYTHON" dev/torch_ref/bench_torch.py --device "$TORCH_DEVICE" $SHAPE --T "$T" --B "$B" \
+        --steps "$STEPS" --warmup 5 "$@" | awk '/^torch/ {print $4, $6}'
+}
+
+declare -A TPS MEM
+read -r TPS[std] MEM[std] P < <(ours -r std)
+read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8)
+read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4)
+read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8)
+read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std)
+read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8)
+
+L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)
+C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
+{
+    for k in std mhar8 block4 block8 torch_std torch_mhar8; do echo "$k ${TPS[$k]} ${MEM[$k]}"; done
+} | awk -v P="$P" -v L="$L" -v C="$C" -v T="$T" -v peak="$PEAK_TFLOPS" '
+    { name[NR] = $1; tps[$1] = $2; mem[$1] = $3 }
+    END {
+        fpt = 6 * P + 12 * L * C * T
+        printf "\n%-12s %12s %8s %12s %10s %10s\n", "run", "tokens/s", "MFU", "memory GiB", "vs our std", "vs torch std"
+        for (i = 1; i <= NR; i++) {
+            k = name[i]
+            printf "%-12s %12.0f %7.1f%% %12.2f %10.3f %10.3f\n", k, tps[k], 100 * tps[k] * fpt / (peak * 1e12),
+                   mem[k] / 1024, tps[k] / tps["std"], tps[k] / (tps["torch_std"] > 0 ? tps["torch_std"] : 1)
+        }
+        printf "\ntargets: std/torch_std %.3f (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
+               tps["std"] / (tps["torch_std"] > 0 ? tps["torch_std"] : 1), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
+               tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
+        printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
+    }'

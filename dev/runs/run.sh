@@ -12,12 +12,13 @@
 #   TRAINER  trainer binary (default ./train_mhar_cu, built if missing)
 #   RUNS     parent folder of the run folders (default runs)
 #   SEED     seed (default 1337): equal seeds make runs of different modes comparable
+#   CKPT_EVERY  steps between checkpoints (default 500)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 5 ] || { echo "usage: $0 NAME PRESET SEQS_PER_STEP STEPS PEAK_LR [trainer flags]" >&2; exit 1; }
 NAME=$1 PRESET=$2 SEQS=$3 STEPS=$4 LR=$5
 shift 5
-DATA=${DATA:-data/large} B=${B:-16} TRAINER=${TRAINER:-./train_mhar_cu} RUNS=${RUNS:-runs} SEED=${SEED:-1337}
+DATA=${DATA:-data/large} B=${B:-16} TRAINER=${TRAINER:-./train_mhar_cu} RUNS=${RUNS:-runs} SEED=${SEED:-1337} CKPT_EVERY=${CKPT_EVERY:-500}
 OUT=$RUNS/$NAME
 
 if [ ! -x "$TRAINER" ]; then make "$(basename "$TRAINER")"; fi
@@ -57,4 +58,4 @@ else
 fi
 
 mkdir -p "$OUT"
-"$TRAINER" "${FLAGS[@]}" -val_every 250 -val_batches 16 -sample_every 2000 -ckpt_every 500 -o "$OUT" "${RESUME[@]}" 2>&1 | tee -a "$OUT/stdout.txt"
+"$TRAINER" "${FLAGS[@]}" -val_every 250 -val_batches 16 -sample_every 2000 -ckpt_every "$CKPT_EVERY" -o "$OUT" "${RESUME[@]}" 2>&1 | tee -a "$OUT/stdout.txt"

@@ -79,6 +79,7 @@ static void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint6
 // main of both trainers: parse flags, build or resume, train with gradient
 // accumulation, AdamW and clipping; validate, sample and checkpoint on schedule.
 static int train_main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   // progress lines appear at once, also through a pipe (tee)
     TrainArgs args;
     args_parse(&args, argc, argv);
     Config *cfg = &args.cfg;

@@ -93,6 +93,65 @@ cublasHandle_t cublas;   // one handle, on the default stream
 inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
 
+// ----------------------------------------------------------------------------
+// Per-op timing of one optimizer step, for the breakdown of dev/bench_gpu.sh.
+// MHAR_PROFILE=k (environment) times step k: prof("name") records a CUDA event,
+// and the GPU time up to the next prof() call is booked to "name". At the end of
+// that step a table of milliseconds per name is printed. Off (the default), a
+// prof() call costs one branch.
+
+#define PROF_EVENTS 4096
+struct Prof {
+    int step_wanted, step;        // step to time (0: none), optimizer steps begun so far
+    int n;                        // events recorded in this step
+    cudaEvent_t ev[PROF_EVENTS];
+    const char *name[PROF_EVENTS];
+} prof_state;
+
+void prof(const char *name) {
+    Prof *p = &prof_state;
+    if (p->step_wanted == 0 || p->step != p->step_wanted || p->n >= PROF_EVENTS) { return; }
+    if (p->ev[p->n] == NULL) { cudaCheck(cudaEventCreate(&p->ev[p->n])); }
+    cudaCheck(cudaEventRecord(p->ev[p->n], 0));
+    p->name[p->n++] = name;
+}
+
+// called as an optimizer step begins (prof_step_begin) and ends (prof_step_end)
+void prof_step_begin(void) {
+    Prof *p = &prof_state;
+    if (p->step == 0) {
+        const char *e = getenv("MHAR_PROFILE");
+        p->step_wanted = e != NULL ? atoi(e) : 0;
+    }
+    p->step++;
+    p->n = 0;
+}
+void prof_step_end(void) {
+    Prof *p = &prof_state;
+    if (p->step_wanted == 0 || p->step != p->step_wanted || p->n == 0) { return; }
+    prof("end");
+    cudaCheck(cudaEventSynchronize(p->ev[p->n - 1]));
+    const char *names[64];
+    float ms[64], total = 0;
+    int calls[64], k = 0;
+    for (int i = 0; i + 1 < p->n; i++) {
+        float t;
+        cudaCheck(cudaEventElapsedTime(&t, p->ev[i], p->ev[i + 1]));
+        int j = 0;
+        while (j < k && strcmp(names[j], p->name[i]) != 0) { j++; }
+        if (j == k) {
+            if (k == 64) { continue; }
+            names[k] = p->name[i]; ms[k] = 0; calls[k] = 0; k++;
+        }
+        ms[j] += t; calls[j]++; total += t;
+    }
+    printf("profile of step %d (GPU time between marks, ms):\n", p->step);
+    for (int j = 0; j < k; j++) {   // in order of first appearance
+        printf("  %-26s %9.3f ms %6.1f%% %6d calls\n", names[j], ms[j], 100.0f * ms[j] / total, calls[j]);
+    }
+    printf("  %-26s %9.3f ms\n", "total", total);
+}
+
 __device__ __host__ inline float toF(float x) { return x; }
 __device__ __host__ inline float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T> __device__ __host__ inline T fromF(float x);
@@ -877,9 +936,10 @@ void route_backward(float *dslots, float *dq, float *dgamma, float *ds, float *p
 
 #define CE_THREADS 512
 
-__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V) {
+__global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
+                                            int Vp) {
     size_t n = blockIdx.x;
-    const floatX *x = logits + n * V;
+    const floatX *x = logits + n * Vp;
     float maxv = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) { maxv = fmaxf(maxv, toF(x[i])); }
     maxv = block_max(maxv);
@@ -893,26 +953,28 @@ __global__ void crossentropy_forward_kernel(float *losses, float *lse, const flo
     }
 }
 
-// losses (N) = -log softmax(logits)[target]; lse (N) = log sum exp logits (for backward)
-void crossentropy_forward(float *losses, float *lse, const floatX *logits, const int *targets, size_t N, int V) {
-    crossentropy_forward_kernel<<<(unsigned)N, CE_THREADS>>>(losses, lse, logits, targets, V);
+// losses (N) = -log softmax(logits)[target]; lse (N) = log sum exp logits (for backward).
+// logits (N, Vp): rows padded to Vp; the columns V..Vp-1 are not part of the softmax.
+void crossentropy_forward(float *losses, float *lse, const floatX *logits, const int *targets, size_t N, int V, int Vp) {
+    crossentropy_forward_kernel<<<(unsigned)N, CE_THREADS>>>(losses, lse, logits, targets, V, Vp);
     launchCheck();
 }
 
 __global__ void crossentropy_backward_kernel(floatX *dlogits, const floatX *logits, const float *lse, const int *targets,
-                                             float dloss, size_t N, int V) {
+                                             float dloss, size_t N, int V, int Vp) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * V) { return; }
-    size_t n = idx / V;
-    int i = (int)(idx % V);
-    float p = expf(toF(logits[idx]) - lse[n]);
+    if (idx >= N * Vp) { return; }
+    size_t n = idx / Vp;
+    int i = (int)(idx % Vp);
+    float p = i < V ? expf(toF(logits[idx]) - lse[n]) : 0.0f;   // padding columns: no gradient
     dlogits[idx] = fromF<floatX>((p - (i == targets[n] ? 1.0f : 0.0f)) * dloss);
 }
 
-// dlogits (N, V) = (probs - onehot(target)) * dloss; may overwrite the logits in place
+// dlogits (N, Vp) = (probs - onehot(target)) * dloss, 0 in the padding columns; may
+// overwrite the logits in place
 void crossentropy_backward(floatX *dlogits, const floatX *logits, const float *lse, const int *targets, float dloss,
-                           size_t N, int V) {
-    crossentropy_backward_kernel<<<ceil_div(N * V, 256), 256>>>(dlogits, logits, lse, targets, dloss, N, V);
+                           size_t N, int V, int Vp) {
+    crossentropy_backward_kernel<<<ceil_div(N * Vp, 256), 256>>>(dlogits, logits, lse, targets, dloss, N, V, Vp);
     launchCheck();
 }
 
@@ -1100,7 +1162,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&a->q_rstd, L * N * c->NH, S}, {(void **)&a->k_rstd, L * N * c->NKV, S},
         {(void **)&a->att_lse, L * N * c->NH, S}, {(void **)&a->atty, L * N * QD, X},
         {(void **)&a->mg, L * N * F, X}, {(void **)&a->mu, L * N * F, X}, {(void **)&a->mh, L * N * F, X},
-        {(void **)&a->out, N * C, X}, {(void **)&a->logits, N * c->V, X},
+        {(void **)&a->out, N * C, X}, {(void **)&a->logits, N * c->Vp, X},
         {(void **)&a->losses, N, S}, {(void **)&a->ce_lse, N, S}};
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
@@ -1278,18 +1340,25 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     floatX *hf = site_forward(m, (int)(2 * L), N);
     floatX *uf = a->ln + 2 * L * N * C;
     rmsnorm_forward(uf, a->ln_rstd + 2 * L * N, hf, p->lnfw, N, c->C);
-    matmul_forward(a->logits, uf, p->wte, N, c->C, c->V);   // tied head: the V real rows of wte
+    // tied head over all Vp rows of wte: the padding rows are 0, and a row length of Vp (a
+    // multiple of 128) keeps cuBLAS on its aligned tensor-core path (V = 50257 is odd)
+    matmul_forward(a->logits, uf, p->wte, N, c->C, c->Vp);
     if (targets == NULL) { return; }
     memcpy(m->targets, targets, N * sizeof(int));
     cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
-    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->d_targets, N, c->V);
+    crossentropy_forward(a->losses, a->ce_lse, a->logits, m->d_targets, N, c->V, c->Vp);
     cudaCheck(cudaMemcpy(m->losses_host, a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
     double sum = 0;
     for (size_t n = 0; n < N; n++) { sum += m->losses_host[n]; }
     m->loss = (float)(sum / N);
 }
 
-void model_zero_grad(Model *m) { zero(m->grads_mem, m->nparams * sizeof(float)); }
+// Called once per optimizer step, first: also where the step's timing starts.
+void model_zero_grad(Model *m) {
+    prof_step_begin();
+    prof("zero grads");
+    zero(m->grads_mem, m->nparams * sizeof(float));
+}
 
 // Backward pass of the last forward; adds into m->grads. dloss scales each
 // position's loss: 1/(B*T) for the mean, divided again by the number of
@@ -1305,10 +1374,10 @@ void model_backward(Model *m, float dloss) {
     zero(g->dslots, (2 * L + 1) * N * C * sizeof(float));
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     floatX *dlogits = a->logits;   // the logits are spent: overwrite them in place
-    crossentropy_backward(dlogits, a->logits, a->ce_lse, m->d_targets, dloss, N, c->V);
+    crossentropy_backward(dlogits, a->logits, a->ce_lse, m->d_targets, dloss, N, c->V, c->Vp);
     floatX *uf = a->ln + 2 * L * N * C;
     zero(g->dln, N * C * sizeof(float));
-    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
+    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
     // uf = rmsnorm(h_final; lnfw)
     floatX *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
     float *dhf = site_dinput(m, (int)(2 * L), N);
@@ -1365,6 +1434,7 @@ __global__ void grad_norm_kernel(double *part, const float *g, size_t n) {
 
 // L2 norm of all gradients: fixed per-block partials summed in order on the host.
 double grad_norm(const Model *m) {
+    prof("grad norm");
     double *d_part, part[NORM_BLOCKS];
     cudaCheck(cudaMalloc(&d_part, NORM_BLOCKS * sizeof(double)));
     grad_norm_kernel<<<NORM_BLOCKS, 256>>>(d_part, m->grads_mem, m->nparams);
@@ -1401,6 +1471,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
         zero(m->adam_m, m->nparams * sizeof(float));
         zero(m->adam_v, m->nparams * sizeof(float));
     }
+    prof("adamw");
     float bc1 = 1 - powf(beta1, (float)t), bc2 = 1 - powf(beta2, (float)t);
     size_t off = 0;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
@@ -1414,6 +1485,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
         }
         off += n;
     }
+    prof_step_end();
 }
 
 
@@ -1520,7 +1592,7 @@ static void device_finish(char *desc, size_t n) {
 static void model_logits_row(Model *m, int t, float *out) {
     int V = m->cfg.V;
     floatX *row = (floatX *)malloc_check((size_t)V * sizeof(floatX));
-    cudaCheck(cudaMemcpy(row, m->acts.logits + (size_t)t * V, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(row, m->acts.logits + (size_t)t * m->cfg.Vp, (size_t)V * sizeof(floatX), cudaMemcpyDeviceToHost));
     for (int i = 0; i < V; i++) { out[i] = toF(row[i]); }
     free(row);
 }
@@ -1557,9 +1629,10 @@ double MHAR_API(forward_backward)(void *model, const int *inputs, const int *tar
     model_zero_grad(m);
     model_forward(m, inputs, targets, B, T);
     if (logits != NULL) {   // before backward overwrites them with dlogits
-        size_t n = N * m->cfg.V;
-        floatX *tmp = (floatX *)malloc_check(n * sizeof(floatX));
-        cudaCheck(cudaMemcpy(tmp, m->acts.logits, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        size_t n = N * m->cfg.V, V = m->cfg.V, Vp = m->cfg.Vp;
+        floatX *tmp = (floatX *)malloc_check(n * sizeof(floatX));   // the V real columns of each row
+        cudaCheck(cudaMemcpy2D(tmp, V * sizeof(floatX), m->acts.logits, Vp * sizeof(floatX), V * sizeof(floatX), N,
+                               cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < n; i++) { logits[i] = toF(tmp[i]); }
         free(tmp);
     }

@@ -5,9 +5,10 @@ The same model, flags, data loader, checkpoints, schedule, sampling and log as
 the CPU reference train_mhar.c, which this file mirrors function by function:
 read the two side by side. SPEC.md is the contract; section numbers refer to it.
 Matmuls go through cuBLAS; every other op is a hand-written kernel below its
-host wrapper of the CPU file's name. Simple and correct first: attention is a
-tiled kernel with an online softmax that keeps only the per-row log-sum-exp
-(no (T, T) matrix), one warp per query row (a later issue makes it fast).
+host wrapper of the CPU file's name. Attention keeps only the per-row
+log-sum-exp (no (T, T) matrix): in the bf16 build at head dims 64 and 128,
+flash kernels on tensor cores (mma.sync) from the kernel lab dev/cuda/;
+otherwise simple tiled kernels with an online softmax, one warp per row.
 
 Precision, chosen at build time:
   (default)        bf16 mixed precision: weights copies and activations in
@@ -23,7 +24,7 @@ Precision, chosen at build time:
 Determinism: no floating-point atomics anywhere. Per-channel reductions over
 positions (norm weights, routing q and gamma) write per-block partials that a
 second kernel sums in a fixed order; attention's dk and dv are owned by one
-block per key tile and kv head; the embedding gradient walks each token's
+block per key tile and kv head, dq by one block per query tile; the embedding gradient walks each token's
 positions in order; cuBLAS runs with atomics off on one stream. Two runs with
 the same seed give the same bits.
 
@@ -235,7 +236,8 @@ __global__ void reduce_partials_kernel(float *dw, const float *partial, int P, i
 //   forward   out  (N, OC)  = inp (N, IC) . W^T     <=>  out^T  = W^T(op T) . inp^T
 //   backward  dinp (N, IC) += dout (N, OC) . W      <=>  dinp^T += W^T . dout^T
 //             dW   (OC, IC) += dout^T . inp         <=>  dW^T   += inp^T . dout
-// Inputs are floatX; the gradients dinp and dW are fp32 and accumulate (beta 1).
+// Inputs are floatX; the gradients accumulate (beta 1): dW in fp32, dinp in
+// fp32 or, where its consumer reads floatX, in floatX (attention's datty).
 
 // out (N, OC) = inp (N, IC) . weight^T, weight (OC, IC)
 void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t N, int IC, int OC) {
@@ -244,13 +246,15 @@ void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t
                              inp, CUDA_FLOATX, IC, &zero_f, out, CUDA_FLOATX, OC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
 }
 
-// dinp (N, IC) += dout . weight;  dweight (OC, IC) += dout^T . inp   (fp32 outputs)
-void matmul_backward(float *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
+// dinp (N, IC) += dout . weight (Tdinp: float or floatX);  dweight (OC, IC) += dout^T . inp (fp32)
+template <typename Tdinp>
+void matmul_backward(Tdinp *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
                      size_t N, int IC, int OC) {
     // out[n][o] = sum_i inp[n][i] * weight[o][i]
     const float one = 1.0f;
+    const cudaDataType dinp_type = sizeof(Tdinp) == sizeof(float) ? CUDA_R_32F : CUDA_FLOATX;
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight, CUDA_FLOATX, IC,
-                             dout, CUDA_FLOATX, OC, &one, dinp, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+                             dout, CUDA_FLOATX, OC, &one, dinp, dinp_type, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, CUDA_FLOATX, IC,
                              dout, CUDA_FLOATX, OC, &one, dweight, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
 }
@@ -437,16 +441,25 @@ void rope_backward(float *dinp, const float *dout, const float *cosv, const floa
 
 // ----------------------------------------------------------------------------
 // Causal self-attention with grouped-query heads: query head h reads key/value
-// head h / (NH/NKV). Scores are scaled by 1/sqrt(HD).
+// head h / (NH/NKV). Scores are scaled by 1/sqrt(HD). q, out (B, T, NH, HD);
+// k, v (B, T, NKV, HD). The forward pass keeps only lse (B, NH, T), each row's
+// log-sum-exp of its scaled scores, and the backward pass recomputes the
+// probabilities p = exp(score - lse): no (T, T) matrix is ever stored.
 //
-// A block owns a tile of ATT_TILE = 32 rows (query rows in the forward and dq
-// kernels, key rows in the dk/dv kernel) of one head; each of its 8 warps owns
-// 4 of those rows. It walks the tiles of the other side one at a time through
-// shared memory (float, rows padded to HD+1 against bank conflicts): lane j of
-// a warp scores the tile's row j, and the products with the tile are summed
-// with lane broadcasts. Shared memory is O(ATT_TILE * HD), whatever T is. The
-// forward pass keeps only lse = max + log(sum exp) of each row's scores, and
-// the backward pass recomputes the probabilities p = exp(score - lse).
+// Two implementations; attention_use_flash picks one per call:
+//  - flash kernels on tensor cores, from the kernel lab dev/cuda/attention.cu:
+//    the bf16 build at HD = 64 or 128 (the 100m, 350m and 1b presets);
+//  - simple kernels: everything else, i.e. the fp32 build (the one verified
+//    against the CPU to ~1e-5) and other head dims (test HD=8, tiny HD=32).
+// Both take any T (sampling runs the forward at T = 1, 2, 3, ...).
+
+// Simple kernels. A block owns a tile of ATT_TILE = 32 rows (query rows in the
+// forward and dq kernels, key rows in the dk/dv kernel) of one head; each of
+// its 8 warps owns 4 of those rows. It walks the tiles of the other side one at
+// a time through shared memory (float, rows padded to HD+1 against bank
+// conflicts): lane j of a warp scores the tile's row j, and the products with
+// the tile are summed with lane broadcasts. Shared memory is O(ATT_TILE * HD),
+// whatever T is.
 
 #define ATT_TILE 32
 #define ATT_WARPS 8
@@ -528,29 +541,20 @@ __global__ void attention_forward_kernel(floatX *out, float *lse, const floatX *
     }
 }
 
-// out (B, T, NH, HD); lse (B, NH, T) keeps each row's log-sum-exp of the scaled
-// scores; q (B, T, NH, HD); k, v (B, T, NKV, HD)
-void attention_forward(floatX *out, float *lse, const floatX *q, const floatX *k, const floatX *v,
-                       int B, int T, int NH, int NKV, int HD) {
-    size_t shmem = 3 * ATT_TILE * (HD + 1) * sizeof(float);
-    attention_forward_kernel<<<dim3(ceil_div(T, ATT_TILE), NH, B), ATT_WARPS * 32, shmem>>>(out, lse, q, k, v, T, NH, NKV, HD);
-    launchCheck();
-}
-
 // Dt (B, NH, T) = dout . out per query row (= sum_t2 p dp); one warp per row
-__global__ void attention_backward_prep_kernel(float *Dt, const float *dout, const floatX *out, int B, int T, int NH, int HD) {
+__global__ void attention_backward_prep_kernel(float *Dt, const floatX *dout, const floatX *out, int B, int T, int NH, int HD) {
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;   // (b, t, h)
     int lane = threadIdx.x % 32;
     if (row >= (size_t)B * T * NH) { return; }
     float s = 0.0f;
-    for (int d = lane; d < HD; d += 32) { s += dout[row * HD + d] * toF(out[row * HD + d]); }
+    for (int d = lane; d < HD; d += 32) { s += toF(dout[row * HD + d]) * toF(out[row * HD + d]); }
     s = warp_sum(s);
     int h = (int)(row % NH), t = (int)((row / NH) % T), b = (int)(row / NH / T);
     if (lane == 0) { Dt[((size_t)b * NH + h) * T + t] = s; }
 }
 
 // grid (T/32, NH, B): dq of a tile of query rows, walking the key tiles
-__global__ void attention_backward_dq_kernel(float *dq, const float *dout, const float *lse, const float *Dt,
+__global__ void attention_backward_dq_kernel(float *dq, const floatX *dout, const float *lse, const float *Dt,
                                              const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD) {
     extern __shared__ float sh[];
     int ld = HD + 1;
@@ -613,7 +617,7 @@ __global__ void attention_backward_dq_kernel(float *dq, const float *dout, const
 // grid (T/32, NKV, B): dk and dv of a tile of key rows of one kv head, walking
 // every query head of its group and every query tile at or after the key tile.
 // The block is the only writer of these rows: no atomics.
-__global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const float *dout, const float *lse, const float *Dt,
+__global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floatX *dout, const float *lse, const float *Dt,
                                                const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD) {
     extern __shared__ float sh[];
     int ld = HD + 1;
@@ -687,11 +691,639 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
     }
 }
 
+#ifndef PRECISION_FP32
+// ----------------------------------------------------------------------------
+// Flash attention kernels (bf16 build), moved from the kernel lab
+// dev/cuda/attention.cu; dev/cuda/NOTES_attention.md has their design, their
+// validation against an fp64 reference and their H200 times. In use: the lab's
+// v3 forward at HD = 64 (8 warps, 128 query rows per block) and v2's at HD = 128
+// (4 warps: v3 is slower there), and v2's backward (4 warps) at both.
+// FlashAttention-2 scheme on mma.sync m16n8k16 (bf16 in, fp32 accumulation),
+// ldmatrix(.trans) from padded smem rows, cp.async double buffering, the
+// online softmax in base 2. No atomics: each output element is written by one
+// thread, so reruns are bit-identical.
+//
+// What changed on the way from the lab:
+//  - any T (the lab needed T % 128 == 0): rows past T are zero-filled on load
+//    and never stored, the backward gives them lse = +inf so that their p is 0,
+//    tiles wholly past T are not visited, and lse and D move by 4-byte
+//    cp.async (a row of (B, NH, T) is 16-byte aligned only when T % 4 == 0);
+//  - dq and dk are written in fp32 straight from the accumulators
+//    (attention_sublayer_backward says why).
+//
+// Fragment layouts of m16n8k16 (g = lane / 4, t = lane % 4):
+//   A 16x16: reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..], reg2 = A[g][2t+8..], reg3 = A[g+8][2t+8..]
+//   B 16x8 : reg0 = B[2t..2t+1][g], reg1 = B[2t+8..2t+9][g]
+//   C 16x8 : c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+// so a lane's accumulator s[n][e] is row g + 8 (e >> 1), column 8 n + 2 t + (e & 1).
+// Two adjacent C tiles of a 16x16 block, rounded to bf16 pairwise, are exactly
+// its A fragment: P goes from the first matmul to the second in registers.
+// Shared-memory tiles are row-major with rows padded by FA_PAD bf16 (16 bytes),
+// so the 8 row addresses of each ldmatrix 8x8 matrix hit 8 different bank groups.
+
+typedef __nv_bfloat16 bf16;
+#define FA_PAD 8
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// PTX wrappers: cp.async of 16 or 4 bytes global -> shared (asynchronous,
+// completed by commit + wait groups), ldmatrix of four 8x8 bf16 matrices
+// (plain or transposed), and the m16n8k16 tensor-core product.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+// c (16x8 fp32) += a (16x16 bf16) * b (16x8 bf16)
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return *(uint32_t *)&v;
+}
+// the A fragment of the 16x16 block made of two C tiles c[0] (columns 0-7) and c[1] (8-15), as bf16
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4]) {
+    a[0] = pack_bf16(c[0][0], c[0][1]); a[1] = pack_bf16(c[0][2], c[0][3]);
+    a[2] = pack_bf16(c[1][0], c[1][1]); a[3] = pack_bf16(c[1][2], c[1][3]);
+}
+
+// Per-lane ldmatrix addresses into a row-major smem tile M with row stride ld:
+//  a_addr:  A fragment of the 16x16 block at (r0, c0)         (M[m][k], plain)
+//  bt_addr: B fragments of two n-tiles, B[k][n] = M[k][n]:  rows k0..k0+15, cols n0..n0+15 (use .trans)
+//  bn_addr: B fragments of two n-tiles, B[k][n] = M[n][k]:  rows n0..n0+15, cols k0..k0+15 (plain)
+//  (bt/bn: r[0..1] = n-tile n0, r[2..3] = n-tile n0+8)
+__device__ __forceinline__ const bf16 *a_addr(const bf16 *M, int ld, int r0, int c0, int lane) {
+    return M + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ const bf16 *bt_addr(const bf16 *M, int ld, int k0, int n0, int lane) {
+    return M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ const bf16 *bn_addr(const bf16 *M, int ld, int n0, int k0, int lane) {
+    return M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
+}
+
+// ROWS x HD bf16 from global g (row stride gstride) into the padded smem tile s,
+// 16 bytes per cp.async; rows at or past nvalid (past the end of the sequence)
+// are zero-filled instead, so that they only ever meet masks or zeros.
+template <int ROWS, int HD, int NT>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, size_t gstride, int nvalid) {
+    constexpr int CPR = HD / 8;
+    static_assert(ROWS * CPR % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / NT; i++) {
+        const int c = threadIdx.x + i * NT, r = c / CPR, cc = c % CPR;
+        bf16 *dst = s + r * (HD + FA_PAD) + cc * 8;
+        if (r < nvalid) { cp_async16(dst, g + r * gstride + cc * 8); }
+        else { *(uint4 *)dst = make_uint4(0, 0, 0, 0); }
+    }
+}
+
+// A warp's 16 rows of fp32 accumulators acc[HD/8][4] (C layout), times mul0
+// (rows 0-7) and mul1 (rows 8-15), as bf16 into its 16 smem rows sO (stride
+// HD+FA_PAD), then 16-byte coalesced stores to global rows g (row stride gstride);
+// rows at or past nrows are not stored.
+template <int HD>
+__device__ __forceinline__ void store_rows(bf16 *g, size_t gstride, bf16 *sO, const float (*acc)[4],
+                                           float mul0, float mul1, int nrows, int lane) {
+    constexpr int LD = HD + FA_PAD;
+    const int gr = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        *(uint32_t *)(sO + gr * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][0] * mul0, acc[n][1] * mul0);
+        *(uint32_t *)(sO + (gr + 8) * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][2] * mul1, acc[n][3] * mul1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * HD / 8; c += 32) {
+        const int r = c / (HD / 8), cc = c % (HD / 8);
+        if (r < nrows) { *(uint4 *)(g + r * gstride + cc * 8) = *(const uint4 *)(sO + r * LD + cc * 8); }
+    }
+}
+
+// The same rows times mul into fp32 global rows g, straight from the registers:
+// each float2 store of a row's 4 lanes fills one 32-byte sector.
+template <int HD>
+__device__ __forceinline__ void store_rows_f32(float *g, size_t gstride, const float (*acc)[4], float mul, int nrows,
+                                               int lane) {
+    const int gr = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        if (gr < nrows) { *(float2 *)(g + gr * gstride + n * 8 + 2 * t4) = make_float2(acc[n][0] * mul, acc[n][1] * mul); }
+        if (gr + 8 < nrows) {
+            *(float2 *)(g + (gr + 8) * gstride + n * 8 + 2 * t4) = make_float2(acc[n][2] * mul, acc[n][3] * mul);
+        }
+    }
+}
+
+// Forward. grid (ceil(T/BR), NH, B), BR = 16 NWARPS query rows per block, the
+// heavy (late) q tiles first; warp w owns rows q0+16w..+15, its Q tile in
+// registers (A fragments). Loop over kv tiles of BC keys up to the block's last
+// row, double-buffered: S = Q K^T (16 x BC per warp, fp32), causal mask on the
+// tiles that cross the warp's diagonal, online softmax in base 2 (m = running
+// max of s*scale*log2e, l = per-thread partial sums, reduced over a row's 4
+// lanes at the end), P -> bf16 A fragments, O += P V (V via ldmatrix.trans).
+// out (B, T, NH, HD) = O / l; lse (B, NH, T) = (m + log2 l) ln 2.
+// sl2 = log2(e) / sqrt(HD). smem: (BR + 4 BC) (HD+8) bf16.
+template <int HD, int NWARPS, int BC>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_forward_flash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                               int T, int NH, int NKV, float sl2) {
+    constexpr int BR = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int q0 = qb * BR, r0 = q0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const bf16 *qg = q + ((size_t)b * T + q0) * qs + (size_t)h * HD;
+    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
+    const int nkv = (min(q0 + BR, T) - 1) / BC + 1;   // kv tiles up to the block's last row
+
+    load_tile<BR, HD, NT>(sQ, qg, qs, T - q0);
+    load_tile<BC, HD, NT>(sK, kg, ks, T);
+    load_tile<BC, HD, NT>(sV, vg, ks, T);
+    cp_async_commit();
+
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f; }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    for (int j = 0; j < nkv; j++) {
+        if (j + 1 < nkv) {
+            const int nb = (j + 1) & 1, kn = (j + 1) * BC;
+            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)kn * ks, ks, T - kn);
+            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)kn * ks, ks, T - kn);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) { ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane)); }
+        }
+        const int k0 = j * BC;
+        if (r0 < T && k0 <= r0 + 15) {   // warp-uniform: the warp has rows, and some see some key of the tile
+            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
+            float s[BC / 8][4];
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++) { s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BC / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
+                }
+            }
+            if (k0 + BC - 1 > r0) {   // the tile crosses the diagonal of this warp's rows (keys past T included)
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { s[n][e] = -INFINITY; }
+                    }
+            }
+            // Online softmax. Tile 0 holds key 0, visible to every row, so m is
+            // finite from the first tile on and exp2(m_old - m_new) never sees -inf - -inf.
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++) { mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1])); }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(m[r], mx * sl2), alpha = exp2f(m[r] - mnew);
+                m[r] = mnew;
+                l[r] *= alpha;
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
+#pragma unroll
+                for (int n = 0; n < BC / 8; n++) {
+                    s[n][2 * r] = exp2f(fmaf(s[n][2 * r], sl2, -mnew));
+                    s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], sl2, -mnew));
+                    l[r] += s[n][2 * r] + s[n][2 * r + 1];
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BC / 16; kc++) {
+                uint32_t a[4];
+                c_to_a(a, s + 2 * kc);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cV, LD, kc * 16, dn * 16, lane));
+                    mma16816(o[2 * dn], a, bb[0], bb[1]);
+                    mma16816(o[2 * dn + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();   // this buffer is refilled by the next iteration's prefetch
+    }
+    if (r0 >= T) { return; }   // warp-uniform; no barrier follows
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    if (t4 == 0) {
+        float *lrow = lse + ((size_t)b * NH + h) * T + r0 + g;
+        if (r0 + g < T) { lrow[0] = (m[0] + log2f(l[0])) * LN2; }
+        if (r0 + g + 8 < T) { lrow[8] = (m[1] + log2f(l[1])) * LN2; }
+    }
+    // the warp's own rows of sQ are free (its Q fragments are in registers)
+    store_rows<HD>(out + ((size_t)b * T + r0) * qs + (size_t)h * HD, qs, sQ + warp * 16 * LD, o, 1.f / l[0],
+                   1.f / l[1], T - r0, lane);
+}
+
+// Dt (B, NH, T) = dout . out per query row, for the flash backward: HD/8
+// consecutive lanes own one row (16-byte loads), rows in memory order (b, t, h).
+template <int HD>
+__global__ void attention_backward_prep_flash_kernel(float *Dt, const bf16 *dout, const bf16 *out, int B, int T, int NH) {
+    constexpr int L = HD / 8;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t row = idx / L, nrows = (size_t)B * T * NH;
+    const int c = (int)(idx % L);
+    float sum = 0.f;
+    if (row < nrows) {
+        uint4 a = *(const uint4 *)(dout + row * HD + c * 8), o = *(const uint4 *)(out + row * HD + c * 8);
+        const bf16 *pa = (const bf16 *)&a, *po = (const bf16 *)&o;
+#pragma unroll
+        for (int i = 0; i < 8; i++) { sum += __bfloat162float(pa[i]) * __bfloat162float(po[i]); }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) { sum += __shfl_xor_sync(0xffffffffu, sum, off); }
+    if (row < nrows && c == 0) {
+        const int h = (int)(row % NH), t = (int)((row / NH) % T), b = (int)(row / ((size_t)NH * T));
+        Dt[((size_t)b * NH + h) * T + t] = sum;
+    }
+}
+
+// Backward, pass 1: dk (fp32), dv (bf16), each (B, T, NKV, HD).
+// grid (ceil(T/BK), NKV, B), BK = 16 NWARPS keys per block, launched in
+// reverse key order as in the lab (the light late tiles first: flipping it is
+// an untried tail-balance idea); warp w owns keys k0+16w..+15 of kv head kvh
+// and accumulates their dK, dV (16 x HD each, fp32 registers) over every query
+// head of the group and every q tile of BQ rows at or after the block's first
+// key, double-buffered (Q, dO, lse, D). Per tile, in the transposed
+// orientation (keys are the M dimension):
+//   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e) (0 where q < key),
+//   dP^T = V dO^T, dS^T = P^T (dP^T - D),
+//   dV += P^T dO, dK += dS^T Q     (P^T, dS^T -> bf16 A fragments from registers).
+// dK is scaled once at the end. KV_REGS keeps K, V A fragments in registers
+// (HD=64); otherwise they are re-read from smem per tile (HD=128, register budget).
+// smem: 2 BK + 4 BQ rows of (HD+8) bf16 + 4 BQ floats.
+template <int HD, int NWARPS, int BQ, bool KV_REGS>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_backward_dkdv_flash_kernel(float *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
+                                     const bf16 *dout, const float *lse, const float *Dt,
+                                     int T, int NH, int NKV, float scale, float sl2) {
+    constexpr int BK = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
+    static_assert(2 * BQ <= NT, "one thread per lse and per D entry of a q tile");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BK * LD, *sQ = sV + BK * LD, *sdO = sQ + 2 * BQ * LD;
+    float *sL = (float *)(sdO + 2 * BQ * LD), *sD = sL + 2 * BQ;
+    const int kb = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int G = NH / NKV, k0 = kb * BK, kw0 = k0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const int i0 = k0 / BQ, nq = (T + BQ - 1) / BQ - i0, nit = G * nq;
+
+    // issue the loads of iteration it (head kvh*G + it/nq, q tile i0 + it%nq) into buffer buf
+    auto issue = [&](int it, int buf) {
+        const int h = kvh * G + it / nq, qt0 = (i0 + it % nq) * BQ;
+        const size_t go = ((size_t)b * T + qt0) * qs + (size_t)h * HD;
+        load_tile<BQ, HD, NT>(sQ + buf * BQ * LD, q + go, qs, T - qt0);
+        load_tile<BQ, HD, NT>(sdO + buf * BQ * LD, dout + go, qs, T - qt0);
+        if (threadIdx.x < 2 * BQ) {   // threads [0, BQ) lse, [BQ, 2 BQ) D; past T: lse = +inf (p = 0), D = 0
+            const int i = threadIdx.x % BQ, isL = threadIdx.x < BQ;
+            float *dst = (isL ? sL : sD) + buf * BQ + i;
+            if (qt0 + i < T) { cp_async4(dst, (isL ? lse : Dt) + ((size_t)b * NH + h) * T + qt0 + i); }
+            else { *dst = isL ? INFINITY : 0.f; }
+        }
+    };
+    const size_t kgo = ((size_t)b * T + k0) * ks + (size_t)kvh * HD;
+    load_tile<BK, HD, NT>(sK, k + kgo, ks, T - k0);
+    load_tile<BK, HD, NT>(sV, v + kgo, ks, T - k0);
+    issue(0, 0);
+    cp_async_commit();
+
+    uint32_t kf[KV_REGS ? HD / 16 : 1][4], vf[KV_REGS ? HD / 16 : 1][4];
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { dka[n][e] = 0.f; dva[n][e] = 0.f; }
+
+    for (int it = 0; it < nit; it++) {
+        if (it + 1 < nit) {
+            issue(it + 1, (it + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (KV_REGS && it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < (KV_REGS ? HD / 16 : 0); kk++) {
+                ldsm_x4(kf[kk], a_addr(sK, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(vf[kk], a_addr(sV, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int buf = it & 1, qt0 = (i0 + it % nq) * BQ;
+        if (kw0 < T && qt0 + BQ - 1 >= kw0) {   // warp-uniform: the warp has keys, some seen by some query of the tile
+            const bf16 *cQ = sQ + buf * BQ * LD, *cdO = sdO + buf * BQ * LD;
+            const float *cL = sL + buf * BQ, *cD = sD + buf * BQ;
+            float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t ka[4], va[4];
+                if (KV_REGS) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { ka[e] = kf[KV_REGS ? kk : 0][e]; va[e] = vf[KV_REGS ? kk : 0][e]; }
+                } else {
+                    ldsm_x4(ka, a_addr(sK, LD, warp * 16, kk * 16, lane));
+                    ldsm_x4(va, a_addr(sV, LD, warp * 16, kk * 16, lane));
+                }
+#pragma unroll
+                for (int nn = 0; nn < BQ / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cQ, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], ka, bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], ka, bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cdO, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], va, bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], va, bb[2], bb[3]);
+                }
+            }
+            const bool mask = qt0 < kw0 + 15;   // some query of the tile precedes some key of the warp
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 L = *(const float2 *)(cL + n * 8 + 2 * t4), D = *(const float2 *)(cD + n * 8 + 2 * t4);
+                const float L2[2] = {L.x * LOG2E, L.y * LOG2E}, Dv[2] = {D.x, D.y};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e & 1]));
+                    if (mask && qt0 + n * 8 + 2 * t4 + (e & 1) < kw0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - Dv[e & 1]);
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                uint32_t ap[4], ad[4];
+                c_to_a(ap, s + 2 * kc);
+                c_to_a(ad, dp + 2 * kc);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cdO, LD, kc * 16, dn * 16, lane));
+                    mma16816(dva[2 * dn], ap, bb[0], bb[1]);
+                    mma16816(dva[2 * dn + 1], ap, bb[2], bb[3]);
+                    ldsm_x4_t(bb, bt_addr(cQ, LD, kc * 16, dn * 16, lane));
+                    mma16816(dka[2 * dn], ad, bb[0], bb[1]);
+                    mma16816(dka[2 * dn + 1], ad, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (kw0 >= T) { return; }   // warp-uniform; no barrier follows
+    store_rows_f32<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, dka, scale, T - kw0, lane);
+    // each warp only ever read its own 16 rows of sV: stage dV there
+    store_rows<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, sV + warp * 16 * LD, dva, 1.f, 1.f, T - kw0, lane);
+}
+
+// Backward, pass 2: dq (B, T, NH, HD) fp32.
+// grid (ceil(T/BR), NH, B), BR = 16 NWARPS query rows per block, warp w owns
+// rows q0+16w..+15; its Q and dO tiles in registers (A fragments). Loop over kv
+// tiles of BC keys up to the block's last row, double-buffered:
+//   S = Q K^T, P = exp2(S scale log2e - lse log2e) (0 above the diagonal),
+//   dP = dO V^T (V as B via plain ldmatrix), dS = P (dP - D), dQ += dS K (K via .trans).
+// dQ scaled once at the end. smem: (2 BR + 4 BC) (HD+8) bf16.
+template <int HD, int NWARPS, int BC>
+__global__ void __launch_bounds__(NWARPS * 32)
+attention_backward_dq_flash_kernel(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
+                                   const float *lse, const float *Dt, int T, int NH, int NKV, float scale,
+                                   float sl2) {
+    constexpr int BR = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = (bf16 *)smem_raw, *sdO = sQ + BR * LD, *sK = sdO + BR * LD, *sV = sK + 2 * BC * LD;
+    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int q0 = qb * BR, r0 = q0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const size_t qgo = ((size_t)b * T + q0) * qs + (size_t)h * HD;
+    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
+    const int nkv = (min(q0 + BR, T) - 1) / BC + 1;   // kv tiles up to the block's last row
+
+    load_tile<BR, HD, NT>(sQ, q + qgo, qs, T - q0);
+    load_tile<BR, HD, NT>(sdO, dout + qgo, qs, T - q0);
+    load_tile<BC, HD, NT>(sK, kg, ks, T);
+    load_tile<BC, HD, NT>(sV, vg, ks, T);
+    cp_async_commit();
+
+    // this lane's two rows r0+g, r0+g+8; past T: lse = +inf (p = 0), D = 0
+    const size_t lo = ((size_t)b * NH + h) * T;
+    const int ra = r0 + g, rb = ra + 8;
+    const float L2[2] = {ra < T ? lse[lo + ra] * LOG2E : INFINITY, rb < T ? lse[lo + rb] * LOG2E : INFINITY};
+    const float Dv[2] = {ra < T ? Dt[lo + ra] : 0.f, rb < T ? Dt[lo + rb] : 0.f};
+
+    uint32_t qf[HD / 16][4], df[HD / 16][4];
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) { dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f; }
+
+    for (int j = 0; j < nkv; j++) {
+        if (j + 1 < nkv) {
+            const int nb = (j + 1) & 1, kn = (j + 1) * BC;
+            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)kn * ks, ks, T - kn);
+            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)kn * ks, ks, T - kn);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(df[kk], a_addr(sdO, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int k0 = j * BC;
+        if (r0 < T && k0 <= r0 + 15) {   // warp-uniform
+            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
+            float s[BC / 8][4], dp[BC / 8][4];
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BC / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cV, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], df[kk], bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], df[kk], bb[2], bb[3]);
+                }
+            }
+            const bool mask = k0 + BC - 1 > r0;
+#pragma unroll
+            for (int n = 0; n < BC / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e >> 1]));
+                    if (mask && k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p * (dp[n][e] - Dv[e >> 1]);   // dS
+                }
+#pragma unroll
+            for (int kc = 0; kc < BC / 16; kc++) {
+                uint32_t a[4];
+                c_to_a(a, s + 2 * kc);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cK, LD, kc * 16, dn * 16, lane));
+                    mma16816(dqa[2 * dn], a, bb[0], bb[1]);
+                    mma16816(dqa[2 * dn + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (r0 < T) { store_rows_f32<HD>(dq + qgo + (size_t)warp * 16 * qs, qs, dqa, scale, T - r0, lane); }
+}
+
+// Launchers of the flash kernels at head dim HD, in the lab's fastest
+// configuration at each (NOTES_attention.md): forward blocks of FWD_WARPS warps
+// (v3's 8 at HD=64, v2's 4 at HD=128), backward blocks of 4 warps (v2); kv tiles
+// of BC keys (forward, dq); q tiles of BQ rows in the dk/dv pass, which keeps
+// its K/V fragments in registers at HD=64 only (register budget).
+template <int HD> struct Flash {
+    static constexpr int FWD_WARPS = HD == 64 ? 8 : 4, BWD_WARPS = 4, BC = 64, BQ = HD == 64 ? 64 : 32;
+    static constexpr bool KV_REGS = HD == 64;
+    static constexpr size_t ROW = (HD + FA_PAD) * sizeof(bf16);   // bytes of a padded smem row
+    static constexpr size_t fwd_smem = (FWD_WARPS * 16 + 4 * BC) * ROW;
+    static constexpr size_t dq_smem = (2 * BWD_WARPS * 16 + 4 * BC) * ROW;
+    static constexpr size_t dkdv_smem = (2 * BWD_WARPS * 16 + 4 * BQ) * ROW + 4 * BQ * sizeof(float);
+    static constexpr size_t max_smem = fwd_smem > dq_smem ? (fwd_smem > dkdv_smem ? fwd_smem : dkdv_smem)
+                                                          : (dq_smem > dkdv_smem ? dq_smem : dkdv_smem);
+
+    // allow each kernel its dynamic shared memory (over the default 48 KB)
+    static void setup() {
+        cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HD, FWD_WARPS, BC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem));
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_flash_kernel<HD, BWD_WARPS, BQ, KV_REGS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem));
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dq_flash_kernel<HD, BWD_WARPS, BC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
+    }
+    // attention_forward's contract: out (B, T, NH, HD), lse (B, NH, T)
+    static void forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
+        dim3 grid(ceil_div(T, FWD_WARPS * 16), NH, B);
+        attention_forward_flash_kernel<HD, FWD_WARPS, BC><<<grid, FWD_WARPS * 32, fwd_smem>>>(
+            out, lse, q, k, v, T, NH, NKV, LOG2E / sqrtf((float)HD));
+        launchCheck();
+    }
+    // attention_backward's contract: prep (Dt), then the dk/dv pass and the dq pass
+    static void backward(float *dq, float *dk, bf16 *dv, float *Dt, const bf16 *dout, const bf16 *out, const float *lse,
+                         const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
+        const float scale = 1.0f / sqrtf((float)HD), sl2 = scale * LOG2E;
+        attention_backward_prep_flash_kernel<HD><<<ceil_div((size_t)B * T * NH * (HD / 8), 256), 256>>>(Dt, dout, out, B, T, NH);
+        launchCheck();
+        attention_backward_dkdv_flash_kernel<HD, BWD_WARPS, BQ, KV_REGS><<<dim3(ceil_div(T, BWD_WARPS * 16), NKV, B),
+                                                                           BWD_WARPS * 32, dkdv_smem>>>(
+            dk, dv, q, k, v, dout, lse, Dt, T, NH, NKV, scale, sl2);
+        launchCheck();
+        attention_backward_dq_flash_kernel<HD, BWD_WARPS, BC><<<dim3(ceil_div(T, BWD_WARPS * 16), NH, B),
+                                                                BWD_WARPS * 32, dq_smem>>>(
+            dq, q, k, v, dout, lse, Dt, T, NH, NKV, scale, sl2);
+        launchCheck();
+    }
+};
+
+int att_smem_optin = 0;   // the device's opt-in shared memory per block (bytes), read by attention_setup
+#endif  // !PRECISION_FP32
+
+// The dispatch rule: the flash kernels in the bf16 build at HD = 64 or 128 when
+// the device gives a block their shared memory (at most 104 KB, HD = 128: any
+// sm_80 or sm_90 part); the simple kernels otherwise.
+bool attention_use_flash(int HD) {
+#ifdef PRECISION_FP32
+    (void)HD;
+    return false;
+#else
+    if (HD == 64) { return att_smem_optin >= (int)Flash<64>::max_smem; }
+    if (HD == 128) { return att_smem_optin >= (int)Flash<128>::max_smem; }
+    return false;
+#endif
+}
+
+// out (B, T, NH, HD); lse (B, NH, T) keeps each row's log-sum-exp of the scaled
+// scores; q (B, T, NH, HD); k, v (B, T, NKV, HD)
+void attention_forward(floatX *out, float *lse, const floatX *q, const floatX *k, const floatX *v,
+                       int B, int T, int NH, int NKV, int HD) {
+#ifndef PRECISION_FP32
+    if (attention_use_flash(HD)) {
+        if (HD == 64) { Flash<64>::forward(out, lse, q, k, v, B, T, NH, NKV); }
+        else { Flash<128>::forward(out, lse, q, k, v, B, T, NH, NKV); }
+        return;
+    }
+#endif
+    size_t shmem = 3 * ATT_TILE * (HD + 1) * sizeof(float);
+    attention_forward_kernel<<<dim3(ceil_div(T, ATT_TILE), NH, B), ATT_WARPS * 32, shmem>>>(out, lse, q, k, v, T, NH, NKV, HD);
+    launchCheck();
+}
+
 // Writes (does not add) dq (B, T, NH, HD), dk (B, T, NKV, HD) in fp32 and dv in
-// floatX (the input of a matmul backward), given dout (B, T, NH, HD) fp32, the
-// forward output out and its lse. Dt (B, NH, T) is scratch.
-void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const float *dout, const floatX *out, const float *lse,
+// floatX (the input of a matmul backward), given dout (B, T, NH, HD) in floatX,
+// the forward output out and its lse. Dt (B, NH, T) is scratch.
+void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const floatX *dout, const floatX *out, const float *lse,
                         const floatX *q, const floatX *k, const floatX *v, int B, int T, int NH, int NKV, int HD) {
+#ifndef PRECISION_FP32
+    if (attention_use_flash(HD)) {
+        if (HD == 64) { Flash<64>::backward(dq, dk, dv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
+        else { Flash<128>::backward(dq, dk, dv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
+        return;
+    }
+#endif
     attention_backward_prep_kernel<<<ceil_div((size_t)B * T * NH, 8), 256>>>(Dt, dout, out, B, T, NH, HD);
     launchCheck();
     size_t shmem = 4 * ATT_TILE * (HD + 1) * sizeof(float);
@@ -703,14 +1335,24 @@ void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const float
     launchCheck();
 }
 
-// The attention kernels take up to (4 * 32 * 257 + 64) * 4 bytes = 132 KB of
-// shared memory at HD = 256: allow more than the default 48 KB once.
+// Once per model: the simple kernels take up to (4 * 32 * 257 + 64) * 4 bytes
+// = 132 KB of shared memory at HD = 256, and the flash kernels up to 104 KB:
+// allow more than the default 48 KB.
 void attention_setup(int HD) {
     if (HD > HD_MAX) { die("head dim C/NH=%d is over the CUDA trainer's %d; use more heads (-NH)", HD, HD_MAX); }
     int bytes = (4 * ATT_TILE * (HD + 1) + 2 * ATT_TILE) * (int)sizeof(float);
     cudaCheck(cudaFuncSetAttribute(attention_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     cudaCheck(cudaFuncSetAttribute(attention_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+#ifndef PRECISION_FP32
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&att_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (attention_use_flash(HD)) {
+        if (HD == 64) { Flash<64>::setup(); }
+        else { Flash<128>::setup(); }
+    }
+#endif
 }
 
 // ----------------------------------------------------------------------------
@@ -1031,7 +1673,7 @@ typedef struct {
     float *dh;      // (N, C)  gradient of the routed input of the current site
     float *dln;     // (N, C)  gradient of the normalised input u_j
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
-    float *datty;   // (N, QD)
+    floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
     float *dq, *dqn;  // (N, QD)  grads of q after RoPE, after QK-norm
     floatX *dqr;    // (N, QD)  grad of the raw Wq u
     float *dk, *dkn;  // (N, KVD)
@@ -1169,7 +1811,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     GradActs *g = &m->gacts;
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, J * N * C, S}, {(void **)&g->dh, N * C, S}, {(void **)&g->dln, N * C, S},
-        {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, S},
+        {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
         {(void **)&g->dq, N * QD, S}, {(void **)&g->dqn, N * QD, S}, {(void **)&g->dqr, N * QD, X},
         {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkn, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, S}, {(void **)&g->dmg, N * F, X},
@@ -1221,10 +1863,15 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
     float *lse = a->att_lse + l * N * c->NH;
     floatX *atty = a->atty + l * N * QD;
-    // out = atty . Wo^T
-    zero(g->datty, N * QD * sizeof(float));
+    // out = atty . Wo^T. datty is floatX: the matmul sums in fp32 and rounds
+    // once; in the bf16 build the flash kernels take it as bf16 mma operands
+    // anyway, and their D = rowsum(datty * atty) then comes from the very
+    // values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
+    zero(g->datty, N * QD * sizeof(floatX));
     matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
-    // atty = attention(q, k, v)   (writes dq, dk, dv)
+    // atty = attention(q, k, v): writes dq, dk (fp32, from fp32 accumulators:
+    // no rounding before RoPE and the QK-norm backward, whose projection
+    // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it)
     attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     // q = rope(qn), k = rope(kn)
     zero(g->dqn, N * QD * sizeof(float));

@@ -7,7 +7,9 @@
 #   memory of mhar <= 1.10x our std.
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
-#   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON)
+# Then a per-op breakdown of one training step of our std and mhar H=8 (MHAR_PROFILE, train_mhar.cu).
+#   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
+#                                   TORCH=1 (0: skip PyTorch)  PROFILE=1 (0: skip the breakdown))
 # Dry run without a GPU: TRAINER=./train_mhar PRESET=test T=16 B=4 TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +48,11 @@ read -r TPS[std] MEM[std] P < <(ours -r std)
 read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8)
 read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4)
 read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8)
-read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std)
-read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8)
+TPS[torch_std]=0 MEM[torch_std]=0 TPS[torch_mhar8]=0 MEM[torch_mhar8]=0
+if [ "${TORCH:-1}" = 1 ]; then
+    read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std)
+    read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8)
+fi
 
 L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)
 C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
@@ -68,3 +73,13 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
                tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
+
+# per-op breakdown of the 4th step (the first ones warm up cuBLAS and the allocator)
+if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
+    for mode in "std" "mhar -H 8"; do
+        echo
+        echo "per-op breakdown, our $mode:"
+        MHAR_PROFILE=4 "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -n 4 -warmup 1 -i data/bench/random_3m.bin -j '' \
+            -sample_every 0 -val_every 0 -r $mode 2>&1 | sed -n '/^profile/,/^  total/p'
+    done
+fi

@@ -1839,14 +1839,18 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
     float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
     float *lse = a->att_lse + l * N * c->NH;
     floatX *atty = a->atty + l * N * QD;
+    prof("fwd matmul qkv");
     matmul_forward(qr, u, p->wq + l * QD * C, N, C, QD);
     matmul_forward(kr, u, p->wk + l * KVD * C, N, C, KVD);
     matmul_forward(v, u, p->wv + l * KVD * C, N, C, KVD);
+    prof("fwd qk-norm + rope");
     rmsnorm_forward(q, q_rstd, qr, p->qnw + l * HD, N * c->NH, HD);
     rmsnorm_forward(k, k_rstd, kr, p->knw + l * HD, N * c->NKV, HD);
     rope_forward(q, q, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
     rope_forward(k, k, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    prof("fwd attention");
     attention_forward(atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
+    prof("fwd matmul o");
     matmul_forward(out, atty, p->wo + l * C * QD, N, QD, C);
 }
 
@@ -1867,13 +1871,16 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     // once; in the bf16 build the flash kernels take it as bf16 mma operands
     // anyway, and their D = rowsum(datty * atty) then comes from the very
     // values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
+    prof("bwd matmul o");
     zero(g->datty, N * QD * sizeof(floatX));
     matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
     // atty = attention(q, k, v): writes dq, dk (fp32, from fp32 accumulators:
     // no rounding before RoPE and the QK-norm backward, whose projection
     // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it)
+    prof("bwd attention");
     attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     // q = rope(qn), k = rope(kn)
+    prof("bwd qk-norm + rope");
     zero(g->dqn, N * QD * sizeof(float));
     zero(g->dkn, N * KVD * sizeof(float));
     rope_backward(g->dqn, g->dq, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
@@ -1884,6 +1891,7 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     rmsnorm_backward(g->dqr, dp->qnw + l * HD, g->dqn, qr, q_rstd, p->qnw + l * HD, N * c->NH, HD, g->partial);
     rmsnorm_backward(g->dkr, dp->knw + l * HD, g->dkn, kr, k_rstd, p->knw + l * HD, N * c->NKV, HD, g->partial);
     // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
+    prof("bwd matmul qkv");
     matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD);
     matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD);
     matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD);
@@ -1896,9 +1904,12 @@ void mlp_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, 
     ParamTensors<floatX> *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, F = c->F;
     floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    prof("fwd matmul gate/up");
     matmul_forward(mg, u, p->wg + l * F * C, N, C, F);
     matmul_forward(mu, u, p->wu + l * F * C, N, C, F);
+    prof("fwd swiglu");
     swiglu_forward(mh, mg, mu, N * F);
+    prof("fwd matmul down");
     matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
 }
 
@@ -1911,11 +1922,14 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout,
     size_t N = (size_t)B * T, C = c->C, F = c->F;
     floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
     // out = mh Wd^T
+    prof("bwd matmul down");
     zero(g->dmh, N * F * sizeof(float));
     matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C);
     // mh = silu(mg) * mu   (writes dmg, dmu)
+    prof("bwd swiglu");
     swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
     // mg = u Wg^T, mu = u Wu^T
+    prof("bwd matmul gate/up");
     matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F);
     matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F);
 }
@@ -1970,28 +1984,36 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     size_t N = (size_t)B * T, C = c->C, L = c->L;
     int mhar = c->mode == RES_MHAR;
     memcpy(m->inputs, inputs, N * sizeof(int));
+    prof("fwd encoder");
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
     if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
+        prof("fwd route");
         floatX *hj = site_forward(m, (int)j, N);
         floatX *u = a->ln + j * N * C;
+        prof("fwd rmsnorm");
         rmsnorm_forward(u, a->ln_rstd + j * N, hj, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C, N, c->C);
         if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, a->out, B, T); }
         else { mlp_sublayer_forward(m, (int)l, u, a->out, B, T); }
         // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
+        prof("fwd residual + r");
         residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
         if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
     }
+    prof("fwd route");
     floatX *hf = site_forward(m, (int)(2 * L), N);
     floatX *uf = a->ln + 2 * L * N * C;
+    prof("fwd rmsnorm");
     rmsnorm_forward(uf, a->ln_rstd + 2 * L * N, hf, p->lnfw, N, c->C);
     // tied head over all Vp rows of wte: the padding rows are 0, and a row length of Vp (a
     // multiple of 128) keeps cuBLAS on its aligned tensor-core path (V = 50257 is odd)
+    prof("fwd matmul head");
     matmul_forward(a->logits, uf, p->wte, N, c->C, c->Vp);
     if (targets == NULL) { return; }
     memcpy(m->targets, targets, N * sizeof(int));
+    prof("fwd crossentropy");
     cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
     crossentropy_forward(a->losses, a->ce_lse, a->logits, m->d_targets, N, c->V, c->Vp);
     cudaCheck(cudaMemcpy(m->losses_host, a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
@@ -2018,21 +2040,27 @@ void model_backward(Model *m, float dloss) {
     ParamTensors<float> *dp = &m->grads;
     int B = m->B, T = m->T;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
+    prof("bwd zero dslots");
     zero(g->dslots, (2 * L + 1) * N * C * sizeof(float));
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     floatX *dlogits = a->logits;   // the logits are spent: overwrite them in place
+    prof("bwd crossentropy");
     crossentropy_backward(dlogits, a->logits, a->ce_lse, m->d_targets, dloss, N, c->V, c->Vp);
     floatX *uf = a->ln + 2 * L * N * C;
+    prof("bwd matmul head");
     zero(g->dln, N * C * sizeof(float));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
     // uf = rmsnorm(h_final; lnfw)
     floatX *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
+    prof("bwd rmsnorm");
     float *dhf = site_dinput(m, (int)(2 * L), N);
     rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C, g->partial);
+    prof("bwd route");
     site_backward(m, (int)(2 * L), N);
     for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
         size_t j = (size_t)jj, l = j / 2;
         // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
+        prof("bwd residual + cast");
         float *dout = DSLOT(j + 1);
         if (slot_chains(c, (int)j)) {
             accumulate_kernel<<<ceil_div(N * C, 256), 256>>>(DSLOT(j), dout, N * C);
@@ -2045,13 +2073,16 @@ void model_backward(Model *m, float dloss) {
         else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         // u = rmsnorm(h_j; g_j)
         floatX *hj = c->mode == RES_STD ? SLOT(j) : a->h + j * N * C;
+        prof("bwd rmsnorm");
         float *dhj = site_dinput(m, (int)j, N);
         floatX *w = (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C;
         float *dw = (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
         rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C, g->partial);
+        prof("bwd route");
         site_backward(m, (int)j, N);
     }
     // slot 0 = wte[inputs]
+    prof("bwd encoder");
     encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C, m->enc_scratch);
 }
 

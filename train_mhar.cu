@@ -393,49 +393,111 @@ void rmsnorm_backward(Tout *dinp, float *dw, const float *dout, const floatX *in
 }
 
 // ----------------------------------------------------------------------------
-// RoPE, rotate-half convention, applied to queries and keys after QK-norm.
-// cosv, sinv (T, HD/2): angle t * 10000^(-2i/HD) at position t. One thread per pair.
+// QK-norm and RoPE, fused: train_mhar.c's rmsnorm_forward (per head, weights of
+// HD) followed by rope_forward, in one pass over the heads' rows. RoPE uses the
+// rotate-half convention: pairs (i, i + HD/2) turn by the angle t * 10000^(-2i/HD),
+// cosv, sinv (T, HD/2). One warp per row (b, t, h); lane j holds the pairs j,
+// j + 32, ... so the norm and the rotation happen in registers.
 
-__global__ void rope_forward_kernel(floatX *out, const floatX *inp, const float *cosv, const float *sinv,
-                                    int B, int T, int nh, int HD) {
-    int half = HD / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nh * half) { return; }
-    int i = (int)(idx % half);
-    size_t row = idx / half;              // (b, t, h)
-    int t = (int)((row / nh) % T);
-    size_t off = row * HD;
-    float c = cosv[t * half + i], s = sinv[t * half + i];
-    float x1 = toF(inp[off + i]), x2 = toF(inp[off + i + half]);
-    out[off + i] = fromF<floatX>(x1 * c - x2 * s);
-    out[off + i + half] = fromF<floatX>(x2 * c + x1 * s);
+#define QK_PAIRS 4   // pairs per lane: HD up to 256
+
+// out (rows, HD) = rope(rmsnorm(inp; w)), rows = B*T*nh in (b, t, h) order;
+// rstd (rows) kept for the backward; out may not alias inp.
+__global__ void qknorm_rope_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w,
+                                           const float *cosv, const float *sinv, size_t rows, int T, int nh, int HD) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32, half = HD / 2;
+    if (n >= rows) { return; }
+    const floatX *x = inp + n * HD;
+    float x1[QK_PAIRS], x2[QK_PAIRS], ss = 0.0f;
+    for (int u = 0; u < QK_PAIRS; u++) {
+        int j = lane + 32 * u;
+        x1[u] = j < half ? toF(x[j]) : 0.0f;
+        x2[u] = j < half ? toF(x[j + half]) : 0.0f;
+        ss += x1[u] * x1[u] + x2[u] * x2[u];
+    }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / HD + 1e-6f);
+    int t = (int)((n / nh) % T);
+    for (int u = 0; u < QK_PAIRS; u++) {
+        int j = lane + 32 * u;
+        if (j >= half) { break; }
+        float y1 = x1[u] * s * toF(w[j]), y2 = x2[u] * s * toF(w[j + half]);   // the norm
+        float c = cosv[t * half + j], sn = sinv[t * half + j];                 // the rotation
+        out[n * HD + j] = fromF<floatX>(y1 * c - y2 * sn);
+        out[n * HD + j + half] = fromF<floatX>(y2 * c + y1 * sn);
+    }
+    if (lane == 0) { rstd[n] = s; }
 }
 
-// out (B, T, nh, HD) = rotate(inp); out may equal inp
-void rope_forward(floatX *out, const floatX *inp, const float *cosv, const float *sinv, int B, int T, int nh, int HD) {
-    rope_forward_kernel<<<ceil_div((size_t)B * T * nh * (HD / 2), 256), 256>>>(out, inp, cosv, sinv, B, T, nh, HD);
+void qknorm_rope_forward(floatX *out, float *rstd, const floatX *inp, const floatX *w, const float *cosv,
+                         const float *sinv, int B, int T, int nh, int HD) {
+    size_t rows = (size_t)B * T * nh;
+    qknorm_rope_forward_kernel<<<ceil_div(rows, 8), 256>>>(out, rstd, inp, w, cosv, sinv, rows, T, nh, HD);
     launchCheck();
 }
 
-__global__ void rope_backward_kernel(float *dinp, const float *dout, const float *cosv, const float *sinv,
-                                     int B, int T, int nh, int HD) {
-    int half = HD / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nh * half) { return; }
-    int i = (int)(idx % half);
-    size_t row = idx / half;
-    int t = (int)((row / nh) % T);
-    size_t off = row * HD;
-    float c = cosv[t * half + i], s = sinv[t * half + i];
-    float g1 = dout[off + i], g2 = dout[off + i + half];
-    // out1 = x1 c - x2 s;  out2 = x2 c + x1 s
-    dinp[off + i] += g1 * c + g2 * s;
-    dinp[off + i + half] += g2 * c - g1 * s;
+// Block p handles the rows of partition p (rows_per_part of them), warp by warp,
+// and writes partial[p] (HD): its rows' share of dw, summed in a fixed order.
+__global__ void qknorm_rope_backward_kernel(floatX *dinp, float *partial, const float *dout, const floatX *inp,
+                                            const float *rstd, const floatX *w, const float *cosv, const float *sinv,
+                                            size_t rows, int T, int nh, int HD, int rows_per_part) {
+    __shared__ float acc[8][2 * 32 * QK_PAIRS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = HD / 2;
+    size_t n0 = (size_t)blockIdx.x * rows_per_part, n1 = n0 + rows_per_part < rows ? n0 + rows_per_part : rows;
+    float dw1[QK_PAIRS] = {0}, dw2[QK_PAIRS] = {0};
+    for (size_t n = n0 + warp; n < n1; n += 8) {
+        int t = (int)((n / nh) % T);
+        float s = rstd[n], dy1[QK_PAIRS], dy2[QK_PAIRS], x1[QK_PAIRS], x2[QK_PAIRS], gwx = 0.0f;
+        for (int u = 0; u < QK_PAIRS; u++) {
+            int j = lane + 32 * u;
+            dy1[u] = dy2[u] = x1[u] = x2[u] = 0.0f;
+            if (j >= half) { continue; }
+            // out1 = y1 c - y2 sn, out2 = y2 c + y1 sn: dy is dout turned back by the angle
+            float c = cosv[t * half + j], sn = sinv[t * half + j];
+            float g1 = dout[n * HD + j], g2 = dout[n * HD + j + half];
+            dy1[u] = g1 * c + g2 * sn;
+            dy2[u] = g2 * c - g1 * sn;
+            x1[u] = toF(inp[n * HD + j]);
+            x2[u] = toF(inp[n * HD + j + half]);
+            gwx += dy1[u] * toF(w[j]) * x1[u] + dy2[u] * toF(w[j + half]) * x2[u];
+        }
+        gwx = warp_sum(gwx);
+        // y[i] = x[i] s w[i], s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / HD
+        float k3 = s * s * s / HD * gwx;
+        for (int u = 0; u < QK_PAIRS; u++) {
+            int j = lane + 32 * u;
+            if (j >= half) { break; }
+            floatX *d = dinp + n * HD;
+            d[j] = fromF<floatX>(toF(d[j]) + s * dy1[u] * toF(w[j]) - k3 * x1[u]);
+            d[j + half] = fromF<floatX>(toF(d[j + half]) + s * dy2[u] * toF(w[j + half]) - k3 * x2[u]);
+            dw1[u] += dy1[u] * x1[u] * s;
+            dw2[u] += dy2[u] * x2[u] * s;
+        }
+    }
+    for (int u = 0; u < QK_PAIRS; u++) {
+        int j = lane + 32 * u;
+        if (j < half) { acc[warp][j] = dw1[u]; acc[warp][j + half] = dw2[u]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) { t += acc[y][i]; }
+        partial[(size_t)blockIdx.x * HD + i] = t;
+    }
 }
 
-// dinp += rotate^T(dout): the rotation by -angle (fp32)
-void rope_backward(float *dinp, const float *dout, const float *cosv, const float *sinv, int B, int T, int nh, int HD) {
-    rope_backward_kernel<<<ceil_div((size_t)B * T * nh * (HD / 2), 256), 256>>>(dinp, dout, cosv, sinv, B, T, nh, HD);
+// dinp (rows, HD) += gradient of inp (floatX: it feeds a matmul backward) given
+// dout (fp32, from attention); dw (HD) += gradient of the norm weights.
+// partial: scratch of RED_PARTS_MAX * HD floats.
+void qknorm_rope_backward(floatX *dinp, float *dw, const float *dout, const floatX *inp, const float *rstd,
+                          const floatX *w, const float *cosv, const float *sinv, int B, int T, int nh, int HD,
+                          float *partial) {
+    size_t rows = (size_t)B * T * nh;
+    int R = red_rows_per_part(rows), P = (int)ceil_div(rows, R);
+    qknorm_rope_backward_kernel<<<P, 256>>>(dinp, partial, dout, inp, rstd, w, cosv, sinv, rows, T, nh, HD, R);
+    launchCheck();
+    reduce_partials_kernel<<<ceil_div(HD, 256), 256>>>(dw, partial, P, HD);
     launchCheck();
 }
 
@@ -1578,20 +1640,33 @@ void route_backward(float *dslots, float *dq, float *dgamma, float *ds, float *p
 
 #define CE_THREADS 512
 
+// 16-byte packs of floatX: 8 bf16 or 4 fp32 values, loaded and stored in one
+// instruction. The logits rows start at multiples of Vp (a multiple of 128), so
+// every pack of a row is aligned.
+#define PACK (16 / (int)sizeof(floatX))
+struct alignas(16) Pack { floatX v[PACK]; };
+
+// One block per position n, one pass over the row: each thread keeps a running
+// max m and sum s of exp(x - m) over its packs (online softmax), then the block
+// merges them: lse = M + log(sum s exp(m - M)).
 __global__ void crossentropy_forward_kernel(float *losses, float *lse, const floatX *logits, const int *targets, int V,
                                             int Vp) {
     size_t n = blockIdx.x;
-    const floatX *x = logits + n * Vp;
-    float maxv = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { maxv = fmaxf(maxv, toF(x[i])); }
-    maxv = block_max(maxv);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) { sum += expf(toF(x[i]) - maxv); }
-    sum = block_sum(sum);
+    const Pack *row = (const Pack *)(logits + n * Vp);
+    float m = -INFINITY, s = 0.0f;
+    for (int k = threadIdx.x; k * PACK < V; k += blockDim.x) {
+        Pack x = row[k];
+        float pm = -INFINITY;
+        for (int e = 0; e < PACK; e++) { if (k * PACK + e < V) { pm = fmaxf(pm, toF(x.v[e])); } }
+        if (pm > m) { s *= expf(m - pm); m = pm; }
+        for (int e = 0; e < PACK; e++) { if (k * PACK + e < V) { s += expf(toF(x.v[e]) - m); } }
+    }
+    float M = block_max(m);
+    float S = block_sum(m == -INFINITY ? 0.0f : s * expf(m - M));
     if (threadIdx.x == 0) {
-        float l = maxv + logf(sum);
+        float l = M + logf(S);
         lse[n] = l;
-        losses[n] = l - toF(x[targets[n]]);
+        losses[n] = l - toF(logits[n * Vp + targets[n]]);
     }
 }
 
@@ -1602,21 +1677,30 @@ void crossentropy_forward(float *losses, float *lse, const floatX *logits, const
     launchCheck();
 }
 
+// One block per position n, a pack per thread and step.
 __global__ void crossentropy_backward_kernel(floatX *dlogits, const floatX *logits, const float *lse, const int *targets,
-                                             float dloss, size_t N, int V, int Vp) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * Vp) { return; }
-    size_t n = idx / Vp;
-    int i = (int)(idx % Vp);
-    float p = i < V ? expf(toF(logits[idx]) - lse[n]) : 0.0f;   // padding columns: no gradient
-    dlogits[idx] = fromF<floatX>((p - (i == targets[n] ? 1.0f : 0.0f)) * dloss);
+                                             float dloss, int V, int Vp) {
+    size_t n = blockIdx.x;
+    const Pack *row = (const Pack *)(logits + n * Vp);
+    Pack *drow = (Pack *)(dlogits + n * Vp);
+    float l = lse[n];
+    int target = targets[n];
+    for (int k = threadIdx.x; k * PACK < Vp; k += blockDim.x) {
+        Pack x = row[k], d;
+        for (int e = 0; e < PACK; e++) {
+            int i = k * PACK + e;
+            float p = i < V ? expf(toF(x.v[e]) - l) : 0.0f;   // padding columns: no gradient
+            d.v[e] = fromF<floatX>((p - (i == target ? 1.0f : 0.0f)) * dloss);
+        }
+        drow[k] = d;
+    }
 }
 
 // dlogits (N, Vp) = (probs - onehot(target)) * dloss, 0 in the padding columns; may
 // overwrite the logits in place
 void crossentropy_backward(floatX *dlogits, const floatX *logits, const float *lse, const int *targets, float dloss,
                            size_t N, int V, int Vp) {
-    crossentropy_backward_kernel<<<ceil_div(N * Vp, 256), 256>>>(dlogits, logits, lse, targets, dloss, N, V, Vp);
+    crossentropy_backward_kernel<<<(unsigned)N, CE_THREADS>>>(dlogits, logits, lse, targets, dloss, V, Vp);
     launchCheck();
 }
 
@@ -1667,16 +1751,16 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 18
+#define NUM_GRAD_ACT_TENSORS 16
 typedef struct {
     float *dslots;  // (J, N, C)  gradient of every slot; fp32-accumulated across sites
     float *dh;      // (N, C)  gradient of the routed input of the current site
     float *dln;     // (N, C)  gradient of the normalised input u_j
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
     floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
-    float *dq, *dqn;  // (N, QD)  grads of q after RoPE, after QK-norm
+    float *dq;      // (N, QD)  grad of q (after QK-norm and RoPE)
     floatX *dqr;    // (N, QD)  grad of the raw Wq u
-    float *dk, *dkn;  // (N, KVD)
+    float *dk;      // (N, KVD)
     floatX *dkr;    // (N, KVD)
     floatX *dv;     // (N, KVD)
     float *dmh;     // (N, F)
@@ -1812,8 +1896,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, J * N * C, S}, {(void **)&g->dh, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
-        {(void **)&g->dq, N * QD, S}, {(void **)&g->dqn, N * QD, S}, {(void **)&g->dqr, N * QD, X},
-        {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkn, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
+        {(void **)&g->dq, N * QD, S}, {(void **)&g->dqr, N * QD, X},
+        {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, S}, {(void **)&g->dmg, N * F, X},
         {(void **)&g->dmu, N * F, X}, {(void **)&g->dsc, mhar ? N * c->H * J : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
@@ -1844,10 +1928,8 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
     matmul_forward(kr, u, p->wk + l * KVD * C, N, C, KVD);
     matmul_forward(v, u, p->wv + l * KVD * C, N, C, KVD);
     prof("fwd qk-norm + rope");
-    rmsnorm_forward(q, q_rstd, qr, p->qnw + l * HD, N * c->NH, HD);
-    rmsnorm_forward(k, k_rstd, kr, p->knw + l * HD, N * c->NKV, HD);
-    rope_forward(q, q, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
-    rope_forward(k, k, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
+    qknorm_rope_forward(q, q_rstd, qr, p->qnw + l * HD, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
+    qknorm_rope_forward(k, k_rstd, kr, p->knw + l * HD, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
     prof("fwd attention");
     attention_forward(atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     prof("fwd matmul o");
@@ -1881,17 +1963,15 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     // q = rope(qn), k = rope(kn)
     prof("bwd qk-norm + rope");
-    zero(g->dqn, N * QD * sizeof(float));
-    zero(g->dkn, N * KVD * sizeof(float));
-    rope_backward(g->dqn, g->dq, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
-    rope_backward(g->dkn, g->dk, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
-    // qn = rmsnorm(qr; qnw), kn = rmsnorm(kr; knw)
+    // q = rope(rmsnorm(qr; qnw)), k = rope(rmsnorm(kr; knw))
     zero(g->dqr, N * QD * sizeof(floatX));
     zero(g->dkr, N * KVD * sizeof(floatX));
-    rmsnorm_backward(g->dqr, dp->qnw + l * HD, g->dqn, qr, q_rstd, p->qnw + l * HD, N * c->NH, HD, g->partial);
-    rmsnorm_backward(g->dkr, dp->knw + l * HD, g->dkn, kr, k_rstd, p->knw + l * HD, N * c->NKV, HD, g->partial);
-    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
+    qknorm_rope_backward(g->dqr, dp->qnw + l * HD, g->dq, qr, q_rstd, p->qnw + l * HD, m->rope_cos, m->rope_sin,
+                         B, T, c->NH, HD, g->partial);
+    qknorm_rope_backward(g->dkr, dp->knw + l * HD, g->dk, kr, k_rstd, p->knw + l * HD, m->rope_cos, m->rope_sin,
+                         B, T, c->NKV, HD, g->partial);
     prof("bwd matmul qkv");
+    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
     matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD);
     matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD);
     matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD);

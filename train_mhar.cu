@@ -30,10 +30,14 @@ the same seed give the same bits.
 
 Routing (SPEC section 4): every source lives in one buffer slots
 [2L+1, B, T, C] that each sublayer writes once (config.h's slot design, shared
-with std and block mode); r_i is computed once per source; the forward pass
-keeps the per-site weights a (and, like the CPU file, the routed input h_j the
-norm backward needs); the backward pass adds source gradients into the fp32
-dslots across sites in reverse order.
+with std and block mode); r_i is computed once per source. The routing kernels
+are the fused ones of the lab dev/cuda/route.cu (v2 forward, v3 backward): the
+forward pass is one pass over a site's sources with an online softmax, with
+the site's RMSNorm in the same kernel, and keeps per site the log-sum-exp of
+the weights (not a itself) and, like the CPU file, the routed input h_j. The
+backward pass stores each site's dL/dh_j, then gathers each slot's gradient
+from all the sites that read it, in fp32, visiting the slots in reverse order:
+one (B, T, C) fp32 slot gradient at a time, written once.
 */
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -1483,13 +1487,170 @@ void residual_forward(floatX *out, const floatX *a, const floatX *b, size_t n) {
 // the slot buffer, listed in src, a device array), and per position and
 // routing head h mixes them with a softmax over depth:
 //   k_i    = gamma * r_i * v_i,      r_i = 1 / sqrt(|v_i|^2 / C + 1e-6)
-//   s[h,i] = sum_{c in head h} q[c] k_i[c]
+//   s[h,i] = sum_{c in head h} q[c] k_i[c] = r_i * sum_{c in h} qg[c] v_i[c],  qg = q * gamma
 //   a[h,:] = softmax_i s[h,:]
 //   out[c] = sum_i a[h(c), i] v_i[c]
 // Head h owns channels [h*C/H, (h+1)*C/H). H = 1 is AttnRes.
-// route_forward and route_backward run one block per position t.
+//
+// The fused kernels come from the lab dev/cuda/route.cu (its v2 forward and
+// v3 backward; NOTES_route.md has the byte counts):
+// - route_forward, per site: ONE pass over the sources with an online softmax
+//   per head, and the RMSNorm that follows the site in the same kernel. It
+//   keeps h_j (for the norm backward) and lse_j (N, H), the log-sum-exp of each
+//   head's scores; the weights a = exp(s - lse) are recomputed in backward.
+// - route_site_backward, per site j: the norm backward only. It stores
+//   G_j = dL/dh_j (floatX) and S_j[h] = G_j[h] . h_j[h] (= sum_i a p).
+// - route_slot_backward, per slot k: the sites that read slot k are all >= k,
+//   so once site k has stored its G, one kernel gathers the contributions of
+//   every reader and writes the fp32 gradient of slot k once (no fp32
+//   read-modify-write per (site, source) pair). Its dq/dgamma share goes into
+//   a per-(site, source) sum qv, and route_param_backward adds those up per
+//   site, in source order, at the end of the backward pass.
+//
+// Lane layout of the fused kernels: one warp per position. A vector of C
+// channels is cut into NCH chunks of 32*VEC channels; lane l holds channels
+// ch*32*VEC + l*VEC .. +VEC of chunk ch (VEC = 8: one 16-byte load in bf16),
+// and lanes past C hold zeros. A routing head is a group of `seg` consecutive
+// lanes inside a chunk (seg a power of two), or `cph` whole chunks: its sums
+// are a butterfly over seg lanes, then a sum over its chunks. route_geometry
+// picks the layout: VEC = 8, or VEC = 1 for heads that 8 does not divide.
 
-#define ROUTE_THREADS 256
+// Lane layout for width C and H routing heads (chosen once, in model_build).
+// grp[ch]: bit c2 set when chunk c2 holds the same heads as chunk ch.
+typedef struct { int C, H, vec, nch, seg, cph; unsigned grp[32]; } RouteGeo;
+
+// The layout for width C and H heads: VEC = 8 if it divides C/H and the heads
+// fit the chunks of 256 channels, else VEC = 1 (chunks of 32); NCH = the
+// chunks needed, rounded up to a compiled count. Dies when neither fits.
+RouteGeo route_geometry(int C, int H) {
+    const int vecs[2] = {8, 1}, max_nch[2] = {8, 32};   // the compiled layouts (route_dispatch)
+    int HC = C / H;
+    for (int k = 0; k < 2; k++) {
+        int vec = vecs[k], W = 32 * vec, nch = 1, seg, cph;
+        if (HC % vec != 0) { continue; }
+        while (nch * W < C) { nch *= 2; }
+        if (nch > max_nch[k]) { continue; }
+        if (H == 1) { seg = 32; cph = nch; }                 // one head: every lane of every chunk
+        else if (W % HC == 0) { seg = HC / vec; cph = 1; }   // several heads per chunk
+        else if (HC % W == 0) { seg = 32; cph = HC / W; }    // heads of whole chunks
+        else { continue; }
+        RouteGeo g;
+        memset(&g, 0, sizeof(g));
+        g.C = C; g.H = H; g.vec = vec; g.nch = nch; g.seg = seg; g.cph = cph;
+        for (int ch = 0; ch < nch; ch++) {
+            for (int c2 = 0; c2 < nch; c2++) { if (c2 / cph == ch / cph) { g.grp[ch] |= 1u << c2; } }
+        }
+        return g;
+    }
+    die("C=%d with H=%d routing heads (C/H=%d): the CUDA routing kernels need C <= 2048 and C/H a power of two "
+        "or a multiple of 256, or else C/H a multiple of 32 and C <= 1024 (H = 1 takes any C up to 1024)", C, H, HC);
+    return RouteGeo();
+}
+
+// A compiled layout: VEC channels per lane in each of NCH chunks
+template <int VEC, int NCH> struct RouteLanes { static constexpr int vec = VEC, nch = NCH; };
+
+// Calls f(RouteLanes<VEC, NCH>()) for the layout of g: the compiled instances
+// of the fused kernels.
+template <typename F> void route_dispatch(const RouteGeo &g, F f) {
+    switch (g.vec * 100 + g.nch) {
+    case 801: f(RouteLanes<8, 1>()); break;
+    case 802: f(RouteLanes<8, 2>()); break;
+    case 804: f(RouteLanes<8, 4>()); break;
+    case 808: f(RouteLanes<8, 8>()); break;
+    case 101: f(RouteLanes<1, 1>()); break;
+    case 102: f(RouteLanes<1, 2>()); break;
+    case 104: f(RouteLanes<1, 4>()); break;
+    case 108: f(RouteLanes<1, 8>()); break;
+    case 116: f(RouteLanes<1, 16>()); break;
+    case 132: f(RouteLanes<1, 32>()); break;
+    default: die("internal: no routing kernels for VEC=%d NCH=%d", g.vec, g.nch);
+    }
+}
+
+// Blocks per SM the fused kernels are compiled for: the lab's register budget
+// (3 x 256 threads) for bf16 at up to 16 channels per lane (C <= 512)
+#define ROUTE_MIN_BLOCKS(VEC, NCH) ((sizeof(floatX) == 2 && (VEC) * (NCH) <= 16 && (NCH) <= 8) ? 3 : 1)
+#define ROUTE_POS_PER_BLOCK 32   // positions per block of route_site_backward (8 warps x 4)
+#define ROUTE_PART_ROWS 256      // positions per partition of route_slot_param_kernel
+
+// VEC floatX values, loaded and stored as one piece (16 bytes for 8 bf16,
+// two 16-byte pieces for 8 floats); PackedF the same for fp32 buffers.
+template <int VEC> struct alignas(VEC * sizeof(floatX) < 16 ? VEC * sizeof(floatX) : 16) Packed { floatX x[VEC]; };
+template <int VEC> struct alignas(VEC * 4 < 16 ? VEC * 4 : 16) PackedF { float x[VEC]; };
+
+// this lane's VEC values at channel c0 of a row (zeros when c0 >= C)
+template <int VEC> __device__ __forceinline__ Packed<VEC> ld_lane(const floatX *row, int c0, int C) {
+    if (c0 < C) { return *reinterpret_cast<const Packed<VEC> *>(row + c0); }
+    Packed<VEC> z;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { z.x[k] = fromF<floatX>(0.0f); }
+    return z;
+}
+template <int VEC> __device__ __forceinline__ void unpack(const Packed<VEC> &p, float (&x)[VEC]) {
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { x[k] = toF(p.x[k]); }
+}
+template <int VEC> __device__ __forceinline__ void st_lane(floatX *p, const float (&x)[VEC]) {
+    Packed<VEC> v;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { v.x[k] = fromF<floatX>(x[k]); }
+    *reinterpret_cast<Packed<VEC> *>(p) = v;
+}
+// as ld_lane, but lanes past C read channel 0 of the row: finite values, not
+// zeros. Only for values whose every use in a sum is multiplied by a zeroed
+// operand; it lets the compiler reload the value instead of spilling it.
+template <int VEC> __device__ __forceinline__ Packed<VEC> ld_lane_clamped(const floatX *row, int c0, int C) {
+    return *reinterpret_cast<const Packed<VEC> *>(row + (c0 < C ? c0 : 0));
+}
+// this lane's VEC values at channel c0 of a parameter vector p (C), as float
+// (zeros when c0 >= C): scalar loads, since the parameter tensors inside the
+// one parameter allocation are not 16-byte aligned in general
+template <int VEC> __device__ __forceinline__ void ld_param(float (&x)[VEC], const floatX *p, int c0, int C) {
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        if (c0 < C) { x[k] = toF(p[c0 + k]); }
+        else { x[k] = 0.0f; }
+    }
+}
+// fp32: x = p[c0 .. c0+VEC) (zeros when c0 >= C); and the store
+template <int VEC> __device__ __forceinline__ void ld_f(float (&x)[VEC], const float *p, int c0, int C) {
+    if (c0 < C) {
+        PackedF<VEC> v = *reinterpret_cast<const PackedF<VEC> *>(p + c0);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { x[k] = v.x[k]; }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { x[k] = 0.0f; }
+    }
+}
+template <int VEC> __device__ __forceinline__ void st_f(float *p, const float (&x)[VEC]) {
+    PackedF<VEC> v;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { v.x[k] = x[k]; }
+    *reinterpret_cast<PackedF<VEC> *>(p) = v;
+}
+
+// x[ch] (this lane's partial of its head's sum in chunk ch) -> the head's full
+// sum, in every lane: a butterfly over the head's seg lanes, then the sum over
+// the chunks of its group (in chunk order).
+template <int NCH> __device__ __forceinline__ void head_sum(float (&x)[NCH], const RouteGeo &geo) {
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        for (int o = 1; o < geo.seg; o <<= 1) { x[ch] += __shfl_xor_sync(0xffffffffu, x[ch], o); }
+    }
+    if (NCH > 1 && geo.cph > 1) {
+        float y[NCH];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            y[ch] = 0.0f;
+#pragma unroll
+            for (int c2 = 0; c2 < NCH; c2++) { if ((geo.grp[ch] >> c2) & 1u) { y[ch] += x[c2]; } }
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { x[ch] = y[ch]; }
+    }
+}
 
 __global__ void source_stat_forward_kernel(float *r, const floatX *v, size_t N, int C) {
     size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -1508,144 +1669,401 @@ void source_stat_forward(float *r, const floatX *v, size_t N, int C) {
     launchCheck();
 }
 
-__global__ void route_forward_kernel(floatX *out, float *a, const floatX *slots, const float *r, const int *src, int n,
-                                     const floatX *q, const floatX *gamma, size_t N, int C, int H) {
-    size_t t = blockIdx.x;
-    int HC = C / H, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    float *at = a + t * H * n;
-    // scores: one warp per (h, i) pair
-    for (int pair = warp; pair < H * n; pair += nwarps) {
-        int h = pair / n, i = pair % n;
-        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
-        float dot = 0.0f;
-        for (int c = h * HC + lane; c < (h + 1) * HC; c += 32) { dot += toF(q[c]) * toF(gamma[c]) * toF(vi[c]); }
-        dot = warp_sum(dot);
-        if (lane == 0) { at[pair] = dot * r[(size_t)src[i] * N + t]; }
-    }
-    __syncthreads();
-    // softmax over the sources, one thread per head (fp32 statistics)
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        float *s = at + (size_t)h * n, maxv = -INFINITY, sum = 0.0f;
-        for (int i = 0; i < n; i++) { maxv = fmaxf(maxv, s[i]); }
-        for (int i = 0; i < n; i++) { s[i] = expf(s[i] - maxv); sum += s[i]; }
-        for (int i = 0; i < n; i++) { s[i] /= sum; }
-    }
-    __syncthreads();
-    // the mix, one thread per channel
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        int h = c / HC;
-        float o = 0.0f;
-        for (int i = 0; i < n; i++) { o += at[(size_t)h * n + i] * toF(slots[((size_t)src[i] * N + t) * C + c]); }
-        out[t * C + c] = fromF<floatX>(o);
-    }
+__global__ void route_qg_kernel(float *qg, const floatX *q, const floatX *gamma, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { qg[i] = toF(q[i]) * toF(gamma[i]); }
 }
 
-// out (N, C): the routed mix; a (N, H, n): weights kept for backward.
-// slots (nslots, N, C), r (nslots, N); q, gamma (C) of this site.
-void route_forward(floatX *out, float *a, const floatX *slots, const float *r, const int *src, int n,
-                   const floatX *q, const floatX *gamma, size_t N, int C, int H) {
-    route_forward_kernel<<<(unsigned)N, ROUTE_THREADS>>>(out, a, slots, r, src, n, q, gamma, N, C, H);
+// qg (J, C) fp32 = q * gamma of every site, once per forward: the scores are
+// s = r_i (qg . v_i), in forward and in backward.
+void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n) {
+    route_qg_kernel<<<ceil_div(n, 256), 256>>>(qg, q, gamma, n);
     launchCheck();
 }
 
-#define ROUTE_MAX_SOURCES 1024   // 2L+1 with L <= 511 (config.h)
-
-__global__ void route_backward_kernel(float *dslots, float *ds, const float *dout, const float *a, const floatX *slots,
-                                      const float *r, const int *src, int n, const floatX *q, const floatX *gamma,
-                                      size_t N, int C, int H) {
-    __shared__ float uv[ROUTE_MAX_SOURCES];
-    size_t t = blockIdx.x;
-    int HC = C / H, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-    const float *G = dout + t * C, *at = a + t * H * n;
-    float *dst = ds + t * H * n;
-    // a = softmax(s): ds[h,i] = a[h,i] (p[h,i] - sum_k a[h,k] p[h,k]), p[h,i] = G[h] . v_i[h]
-    for (int pair = warp; pair < H * n; pair += nwarps) {
-        int h = pair / n, i = pair % n;
-        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
-        float p = 0.0f;
-        for (int c = h * HC + lane; c < (h + 1) * HC; c += 32) { p += G[c] * toF(vi[c]); }
-        p = warp_sum(p);
-        if (lane == 0) { dst[pair] = p; }
+// One site, fused (lab v2). Per position t (one warp): for each source i in
+// order, e = qg . v_i per head, s = r_i e, and an online-softmax update of the
+// running max m, sum l and unnormalised mix acc (fp32 registers); source i+1 is
+// loaded before source i is used. Then h = acc / l, lse = m + log l, and the
+// site's RMSNorm: u = h * rstd * g.
+template <int VEC, int NCH>
+__global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
+route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
+                     const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ qg,
+                     const floatX *__restrict__ g, int N, RouteGeo geo) {
+    constexpr int W = 32 * VEC;
+    const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= N) { return; }
+    const int C = geo.C, H = geo.H, HC = C / H;
+    float qgl[NCH][VEC], acc[NCH][VEC], m[NCH], l[NCH];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        ld_f(qgl[ch], qg, ch * W + lane * VEC, C);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { acc[ch][k] = 0.0f; }
+        m[ch] = -INFINITY; l[ch] = 0.0f;
     }
-    __syncthreads();
-    for (int h = threadIdx.x; h < H; h += blockDim.x) {
-        float S = 0.0f;
-        for (int i = 0; i < n; i++) { S += at[h * n + i] * dst[h * n + i]; }
-        for (int i = 0; i < n; i++) { dst[h * n + i] = at[h * n + i] * (dst[h * n + i] - S); }
+    Packed<VEC> nxt[NCH];
+    float rn;
+    {
+        size_t row = (size_t)src[0] * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(slots + row * C, ch * W + lane * VEC, C); }
+        rn = r[row];
     }
-    __syncthreads();
-    // s[h,i] = r_i sum_c q gamma v_i  and  out = sum_i a v_i:
-    // u_i = ds q gamma;  dv_i += r_i u_i - (r_i^3 / C)(u_i . v_i) v_i + a G
-    for (int i = warp; i < n; i += nwarps) {
-        const floatX *vi = slots + ((size_t)src[i] * N + t) * C;
-        float acc = 0.0f;
-        for (int c = lane; c < C; c += 32) { acc += dst[(c / HC) * n + i] * toF(q[c]) * toF(gamma[c]) * toF(vi[c]); }
-        acc = warp_sum(acc);
-        if (lane == 0) { uv[i] = acc; }
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        int h = c / HC;
-        float qg = toF(q[c]) * toF(gamma[c]), Gc = G[c];
-        for (int i = 0; i < n; i++) {
-            size_t off = ((size_t)src[i] * N + t) * C + c;   // the sources of a site are distinct slots
-            float ri = r[(size_t)src[i] * N + t], k3 = ri * ri * ri / C * uv[i];
-            dslots[off] += ri * dst[h * n + i] * qg - k3 * toF(slots[off]) + at[h * n + i] * Gc;
+    for (int i = 0; i < n; i++) {
+        Packed<VEC> cur[NCH];   // source i, kept packed (unpacked on use: fewer registers)
+        float e[NCH];
+        const float ri = rn;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { cur[ch] = nxt[ch]; }
+        if (i + 1 < n) {   // prefetch source i+1
+            size_t row = (size_t)src[i + 1] * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(slots + row * C, ch * W + lane * VEC, C); }
+            rn = r[row];
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float v[VEC], d = 0.0f;
+            unpack(cur[ch], v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { d += qgl[ch][k] * v[k]; }
+            e[ch] = d;
+        }
+        head_sum<NCH>(e, geo);
+        // a = softmax_i s: rescale the running sum and mix to the new max (m = -inf at i = 0: sc = 0)
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float s = ri * e[ch], mn = fmaxf(m[ch], s), v[VEC];
+            float sc = expf(m[ch] - mn), p = expf(s - mn);
+            l[ch] = l[ch] * sc + p;
+            unpack(cur[ch], v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { acc[ch][k] = acc[ch][k] * sc + p * v[k]; }
+            m[ch] = mn;
         }
     }
+    // h = sum_i a v_i;  u = rmsnorm(h; g)
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float inv = 1.0f / l[ch];
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { acc[ch][k] *= inv; ss += acc[ch][k] * acc[ch][k]; }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * W + lane * VEC;
+        if (c0 >= C) { continue; }
+        float gw[VEC], uu[VEC];
+        ld_param(gw, g, c0, C);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { uu[k] = acc[ch][k] * rs * gw[k]; }
+        st_lane(hout + (size_t)t * C + c0, acc[ch]);
+        st_lane(uout + (size_t)t * C + c0, uu);
+        if (c0 % HC == 0) { lse[(size_t)t * H + c0 / HC] = m[ch] + logf(l[ch]); }
+    }
+    if (lane == 0) { rstd[t] = rs; }
 }
 
-// partial (P, C): partition p's sum over its positions t and the sources i of
-// ds[t, h(c), i] r_i[t] v_i[t][c]. Block (32 channels) x (8 position lanes).
-__global__ void route_param_partial_kernel(float *partial, const float *ds, const floatX *slots, const float *r,
-                                           const int *src, int n, size_t N, int C, int H, int rows_per_part) {
-    __shared__ float acc[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
-    size_t t0 = (size_t)p * rows_per_part, t1 = t0 + rows_per_part < N ? t0 + rows_per_part : N;
-    float s = 0.0f;
-    if (c < C) {
-        int h = c / HC;
-        for (size_t t = t0 + threadIdx.y; t < t1; t += 8) {
-            for (int i = 0; i < n; i++) {
-                float w = ds[(t * H + h) * n + i] * r[(size_t)src[i] * N + t];
-                s += w * toF(slots[((size_t)src[i] * N + t) * C + c]);
+// u (N, C) = rmsnorm(route(sources); g) and its rstd (N): the input of the
+// sublayer after the site. Keeps h (N, C), the routed mix, and lse (N, H) for
+// backward. slots (nslots, N, C), r (nslots, N); the site reads the n slots
+// src[0..n); qg (C) and the norm weight g (C) are the site's.
+void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r, const int *src,
+                   int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo) {
+    route_dispatch(geo, [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
+        route_forward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(u, rstd, h, lse, slots, r, src, n, qg, g, (int)N, geo);
+    });
+    launchCheck();
+}
+
+// Sum each warp's acc (its positions) into out (C), warps in order, one chunk
+// at a time through shared red (8, 32*VEC). Every thread of the block calls it.
+template <int VEC, int NCH>
+__device__ void block_sum_store(float (&acc)[NCH][VEC], float (*red)[32 * VEC], float *out, int C) {
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        st_f(&red[w][lane * VEC], acc[ch]);
+        __syncthreads();
+        for (int i = threadIdx.x; i < 32 * VEC; i += blockDim.x) {
+            int c = ch * 32 * VEC + i;
+            if (c < C) {
+                float s = 0.0f;
+                for (int k = 0; k < 8; k++) { s += red[k][i]; }
+                out[c] = s;
             }
         }
-    }
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float sum = 0.0f;
-        for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
-        partial[(size_t)p * C + c] = sum;
+        __syncthreads();
     }
 }
 
-// dq[c] += gamma[c] * acc[c];  dgamma[c] += q[c] * acc[c], acc summed over partitions in order
-__global__ void route_param_reduce_kernel(float *dq, float *dgamma, const float *partial, int P, const floatX *q,
-                                          const floatX *gamma, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+// Backward of the site's RMSNorm (lab v3), in registers, for one position: u = h * rstd * g gives
+// G = dL/dh = rstd (g dU - xhat mean(g dU xhat)), xhat = h * rstd; adds dU * xhat to accg.
+// S[ch] = G[h] . h[h] over this lane's head: the S_h = sum_i a p of SPEC's site backward.
+template <int VEC, int NCH>
+__device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (&S)[NCH], float (&accg)[NCH][VEC],
+                                                   const float *dU, const floatX *h, float rs,
+                                                   const float (&gw)[NCH][VEC], int lane, const RouteGeo &geo) {
+    constexpr int W = 32 * VEC;
+    const int C = geo.C;
+    float du[NCH][VEC], xh[NCH][VEC], md = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * W + lane * VEC;
+        float hv[VEC];
+        ld_f(du[ch], dU, c0, C);
+        unpack(ld_lane<VEC>(h, c0, C), hv);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            xh[ch][k] = hv[k] * rs;
+            md += gw[ch][k] * du[ch][k] * xh[ch][k];
+            accg[ch][k] += du[ch][k] * xh[ch][k];
+        }
+    }
+    md = warp_sum(md) / C;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            G[ch][k] = rs * (gw[ch][k] * du[ch][k] - xh[ch][k] * md);
+            d += G[ch][k] * xh[ch][k];
+        }
+        S[ch] = d / rs;   // G . h = G . xhat / rstd
+    }
+    head_sum<NCH>(S, geo);
+}
+
+// Site j's norm backward (lab v3): G (N, C) floatX, S (N, H), and part_dg
+// (ceil(N/32), C): per-block sums of dU * xhat for the norm weight's gradient.
+// Block = 8 warps x 4 positions.
+template <int VEC, int NCH>
+__global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
+route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const float *__restrict__ dU,
+                           const floatX *__restrict__ hbuf, const float *__restrict__ rstd,
+                           const floatX *__restrict__ g, int N, RouteGeo geo) {
+    constexpr int W = 32 * VEC;
+    __shared__ __align__(16) float red[8][W];
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, C = geo.C, H = geo.H, HC = C / H;
+    float gw[NCH][VEC], accg[NCH][VEC];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        ld_param(gw[ch], g, ch * W + lane * VEC, C);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { accg[ch][k] = 0.0f; }
+    }
+    for (int pp = 0; pp < ROUTE_POS_PER_BLOCK / 8; pp++) {
+        const int t = blockIdx.x * ROUTE_POS_PER_BLOCK + pp * 8 + w;
+        if (t >= N) { continue; }   // warp-uniform
+        float G[NCH][VEC], S[NCH];
+        norm_backward_lane<VEC, NCH>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane, geo);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int c0 = ch * W + lane * VEC;
+            if (c0 >= C) { continue; }
+            st_lane(Gout + (size_t)t * C + c0, G[ch]);
+            if (c0 % HC == 0) { Sout[(size_t)t * H + c0 / HC] = S[ch]; }
+        }
+    }
+    block_sum_store<VEC, NCH>(accg, red, part_dg + (size_t)blockIdx.x * C, C);
+}
+
+// Backward of site j's u = rmsnorm(h; g), given dU = dL/du (N, C) fp32: stores
+// G = dL/dh (N, C) floatX and S (N, H) for the slot gathers, and adds the norm
+// weight's gradient into dg (C). part: scratch of ceil(N/32) * C floats.
+void route_site_backward(floatX *G, float *S, float *dg, float *part, const float *dU, const floatX *h,
+                         const float *rstd, const floatX *g, size_t N, const RouteGeo &geo) {
+    unsigned nblk = ceil_div(N, ROUTE_POS_PER_BLOCK);
+    route_dispatch(geo, [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
+        route_site_backward_kernel<VEC, NCH><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
+    });
+    launchCheck();
+    // dg[c] = sum_t dU[t][c] xhat[t][c]: the per-block partials, in order
+    reduce_partials_kernel<<<ceil_div(geo.C, 256), 256>>>(dg, part, (int)nblk, geo.C);
+    launchCheck();
+}
+
+// Gradient of slot k from the nr sites j that read it (lab v3, the gather),
+// one warp per position. SPEC section 4's site backward, summed over the sites:
+//   dslot_k = sum_j [ r ds_j qg_j + a_j G_j ] - (r^3 / C) (sum_j u_j . v) v,
+// with v = v_k, r = r_k, and per head p = G_j . v, e = qg_j . v,
+// a_j = exp(r e - lse_j), ds_j = a_j (p - S_j), u_j . v = sum_h ds_j e, all
+// recomputed here. When chain (slot k+1 = out_k + slot k), dslot holds
+// dslot_{k+1} on entry and the result adds it (in place); else dslot is only
+// written. Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
+// Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
+template <int VEC, int NCH>
+__global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
+route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ v, const float *__restrict__ rk,
+                           const floatX *__restrict__ Gall, const float *__restrict__ Sall,
+                           const float *__restrict__ lseall, const int *__restrict__ readers, int nr,
+                           const float *__restrict__ qg, int chain, int N, RouteGeo geo) {
+    constexpr int W = 32 * VEC;
+    const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= N) { return; }
+    const int C = geo.C, H = geo.H, HC = C / H;
+    // v_k and the next reader's G, packed (unpacked on use). Lanes past C: G and
+    // qg are zeros, so p = e = 0 there whatever v_k holds (ld_lane_clamped), and
+    // they skip the rest.
+    Packed<VEC> vk[NCH], nxt[NCH];
+    float dv[NCH][VEC];
+    const float r = rk[t];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
+    }
+    float uv = 0.0f;   // this lane's share of sum_j u_j . v
+    {
+        size_t row = (size_t)readers[0] * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C); }
+    }
+    for (int jj = 0; jj < nr; jj++) {
+        const int j = readers[jj];
+        const size_t row = (size_t)j * N + t;
+        Packed<VEC> Gp[NCH];
+        float p[NCH], e[NCH], ep[NCH];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
+        if (jj + 1 < nr) {   // prefetch the next reader's G
+            size_t rown = (size_t)readers[jj + 1] * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float G[VEC], vv[VEC], qv[VEC], pd = 0.0f, ed = 0.0f;
+            unpack(Gp[ch], G);
+            unpack(vk[ch], vv);
+            ld_f(qv, qg + (size_t)j * C, ch * W + lane * VEC, C);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
+            p[ch] = pd; e[ch] = ed; ep[ch] = ed;
+        }
+        head_sum<NCH>(p, geo);
+        head_sum<NCH>(e, geo);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int c0 = ch * W + lane * VEC, hd = c0 / HC;
+            if (c0 >= C) { continue; }
+            // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
+            const float av = expf(r * e[ch] - lseall[row * H + hd]);
+            const float ds = av * (p[ch] - Sall[row * H + hd]);
+            float G[VEC], qv[VEC];
+            unpack(Gp[ch], G);
+            ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
+            uv += ds * ep[ch];
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
+            if (c0 % HC == 0) { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
+        }
+    }
+    // k_i = gamma r_i v_i, r_i = (|v_i|^2/C + eps)^(-1/2): dv -= (r^3 / C) (sum_j u_j . v) v
+    const float k3 = r * r * r / C * warp_sum(uv);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * W + lane * VEC;
+        if (c0 >= C) { continue; }
+        float vv[VEC];
+        unpack(vk[ch], vv);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { dv[ch][k] -= k3 * vv[k]; }
+        if (chain) {   // slot k+1 = out_k + slot k: the pass-through
+            float old[VEC];
+            ld_f(old, dslot + (size_t)t * C, c0, C);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { dv[ch][k] += old[k]; }
+        }
+        st_f(dslot + (size_t)t * C + c0, dv[ch]);
+    }
+}
+
+// dq/dgamma pass of slot k: part (P, nr, C) = partition p's sum over its
+// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each reading
+// site jj. Block (32 channels) x (8 position lanes), lanes summed in order.
+__global__ void route_slot_param_kernel(float *part, const float *dsr, const floatX *v, int nr, int N, int C, int H) {
+    __shared__ float acc[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
+    int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
+    for (int jj = 0; jj < nr; jj++) {
+        float s = 0.0f;
+        if (c < C) {
+            for (int t = t0 + threadIdx.y; t < t1; t += 8) {
+                s += dsr[((size_t)t * nr + jj) * H + c / HC] * toF(v[(size_t)t * C + c]);
+            }
+        }
+        acc[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < C) {
+            float sum = 0.0f;
+            for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
+            part[((size_t)p * nr + jj) * C + c] = sum;
+        }
+        __syncthreads();
+    }
+}
+
+// qv[rd_pair[jj]] (C) = sum over the P partitions of part (P, nr, C), in order:
+// the (site, source) pair of reader jj gets its sum over positions of ds r v.
+__global__ void route_slot_param_reduce_kernel(float *qv, const float *part, const int *rd_pair, int nr, int P, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, jj = blockIdx.y;
     if (c >= C) { return; }
-    float acc = 0.0f;
-    for (int p = 0; p < P; p++) { acc += partial[(size_t)p * C + c]; }
-    dq[c] += toF(gamma[c]) * acc;
-    dgamma[c] += toF(q[c]) * acc;
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += part[((size_t)p * nr + jj) * C + c]; }
+    qv[(size_t)rd_pair[jj] * C + c] = s;
 }
 
-// Backward of one site, given dout = G (N, C) fp32: adds into the sources'
-// gradients dslots (nslots, N, C) fp32 and into dq, dgamma (C). ds (N, H, n)
-// and partial (RED_PARTS_MAX, C) are scratch.
-void route_backward(float *dslots, float *dq, float *dgamma, float *ds, float *partial, const float *dout, const float *a,
-                    const floatX *slots, const float *r, const int *src, int n, const floatX *q,
-                    const floatX *gamma, size_t N, int C, int H) {
-    if (n > ROUTE_MAX_SOURCES) { die("internal: %d routing sources is over %d", n, ROUTE_MAX_SOURCES); }
-    route_backward_kernel<<<(unsigned)N, ROUTE_THREADS>>>(dslots, ds, dout, a, slots, r, src, n, q, gamma, N, C, H);
+// Backward of every routing site into slot k's gradient (see the kernel above),
+// given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
+// (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
+// the pair's qv (C) = sum over positions of ds r v_k. v (N, C) and r (N) are
+// slot k's; readers (nr) are the sites that read it and rd_pair their pair
+// indices (device). dsr (N, nr, H) and part (ceil(N/256) * nr * C) are scratch.
+void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const floatX *v, const float *r,
+                         const floatX *G, const float *S, const float *lse, const int *readers, const int *rd_pair,
+                         int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
+    route_dispatch(geo, [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
+        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dsr, v, r, G, S, lse, readers, nr, qg,
+                                                                      chain, (int)N, geo);
+    });
     launchCheck();
-    // dq[c] += gamma[c] * sum_{t,i} ds[t,h(c),i] r_i v_i[c], and dgamma[c] the same with q[c]
-    int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
-    route_param_partial_kernel<<<dim3(ceil_div(C, 32), P), dim3(32, 8)>>>(partial, ds, slots, r, src, n, N, C, H, R);
+    // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
+    unsigned P = ceil_div(N, ROUTE_PART_ROWS);
+    route_slot_param_kernel<<<dim3(ceil_div(geo.C, 32), P), dim3(32, 8)>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
     launchCheck();
-    route_param_reduce_kernel<<<ceil_div(C, 256), 256>>>(dq, dgamma, partial, P, q, gamma, C);
+    route_slot_param_reduce_kernel<<<dim3(ceil_div(geo.C, 256), nr), 256>>>(qv, part, rd_pair, nr, (int)P, geo.C);
+    launchCheck();
+}
+
+// dq_j[c] += gamma_j[c] * s, dgamma_j[c] += q_j[c] * s, where s sums site j's
+// pairs qv[pair_off[j] .. pair_off[j+1]) in source order. Grid (C/256, J).
+__global__ void route_param_backward_kernel(float *dq, float *dgamma, const float *qv, const int *pair_off,
+                                            const floatX *q, const floatX *gamma, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    for (int pr = pair_off[j]; pr < pair_off[j + 1]; pr++) { s += qv[(size_t)pr * C + c]; }
+    size_t o = (size_t)j * C + c;
+    dq[o] += toF(gamma[o]) * s;
+    dgamma[o] += toF(q[o]) * s;
+}
+
+// dq, dgamma (J, C) += the routing query and key-norm gradients of every site,
+// from the per-pair sums qv (pairs, C) of the slot gathers (all slots done).
+// q, gamma (J, C); pair_off (J+1) on the device.
+void route_param_backward(float *dq, float *dgamma, const float *qv, const int *pair_off, const floatX *q,
+                          const floatX *gamma, int J, int C) {
+    route_param_backward_kernel<<<dim3(ceil_div(C, 256), J), 256>>>(dq, dgamma, qv, pair_off, q, gamma, C);
     launchCheck();
 }
 
@@ -1739,11 +2157,13 @@ template <typename T> void point_params(ParamTensors<T> *p, T *mem, const size_t
 // Forward activations kept for backward, in one device allocation. N = B*T
 // positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
 // floatX unless marked fp32.
-#define NUM_ACT_TENSORS 22
+#define NUM_ACT_TENSORS 23
 typedef struct {
     floatX *slots;  // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
     float *slot_r;  // (J, N)     fp32: r_i of each slot (mhar)
-    float *route_a; // fp32 routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar)
+    float *route_lse; // (J, N, H)  fp32 log-sum-exp of each site's routing scores per head (mhar):
+                      //            the weights a = exp(s - lse) are recomputed in backward
+    float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
     floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
     floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
     float *ln_rstd; // (J, N)     fp32
@@ -1767,10 +2187,11 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 16
+#define NUM_GRAD_ACT_TENSORS 19
 typedef struct {
-    float *dslots;  // (J, N, C)  gradient of every slot; fp32-accumulated across sites
-    float *dh;      // (N, C)  gradient of the routed input of the current site
+    float *dslots;  // gradient of the slots. std: (J, N, C), each norm backward adds into its slot's
+                    // row. mhar: (N, C), one slot at a time, from slot 2L down to slot 0:
+                    // route_slot_backward turns dslot j+1 into dslot j in place
     float *dln;     // (N, C)  gradient of the normalised input u_j
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
     floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
@@ -1781,7 +2202,11 @@ typedef struct {
     floatX *dv;     // (N, KVD)
     float *dmh;     // (N, F)
     floatX *dmg, *dmu;  // (N, F)
-    float *dsc;     // (N, H, J)  routing score gradients of one site
+    floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
+    float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
+    float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
+    float *route_part; // (max(N/32, J*N/256), C)  per-block partials of the routing sums (mhar)
+    float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
 } GradActs;
@@ -1803,6 +2228,11 @@ typedef struct {
     size_t *pair_off;               // (J+1) routing pairs before site j (host)
     int *site_src;                  // (J, J) device: the slots read by site j, row j
     int *site_n;                    // (J) host: the number of sources of site j
+    int *slot_rd;                   // (J, J) device: the sites reading slot k (increasing), row k
+    int *slot_rd_pair;              // (J, J) device: their (site, source) pair indices, row k
+    int *slot_nr;                   // (J) host: the number of sites reading slot k
+    int *d_pair_off;                // (J+1) device: pair_off as int
+    RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
     int *inputs, *targets;          // host copies of the current batch
@@ -1870,7 +2300,26 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     }
     cudaCheck(cudaMalloc(&m->site_src, (size_t)J * J * sizeof(int)));
     cudaCheck(cudaMemcpy(m->site_src, src, (size_t)J * J * sizeof(int), cudaMemcpyHostToDevice));
-    free(src);
+    // the other way round, for the slot gathers: the sites reading slot k and the pair of each
+    int *rd = (int *)calloc_check((size_t)2 * J * J, sizeof(int)), *rd_pair = rd + (size_t)J * J;
+    int *off = (int *)malloc_check((J + 1) * sizeof(int));
+    m->slot_nr = (int *)calloc_check(J, sizeof(int));
+    for (int j = 0; j < J; j++) {
+        off[j] = (int)m->pair_off[j];
+        for (int i = 0; i < m->site_n[j]; i++) {
+            int k = src[(size_t)j * J + i], x = m->slot_nr[k]++;
+            rd[(size_t)k * J + x] = j;
+            rd_pair[(size_t)k * J + x] = (int)m->pair_off[j] + i;
+        }
+    }
+    off[J] = (int)m->pair_off[J];
+    cudaCheck(cudaMalloc(&m->slot_rd, (size_t)2 * J * J * sizeof(int)));
+    m->slot_rd_pair = m->slot_rd + (size_t)J * J;
+    cudaCheck(cudaMemcpy(m->slot_rd, rd, (size_t)2 * J * J * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&m->d_pair_off, (J + 1) * sizeof(int)));
+    cudaCheck(cudaMemcpy(m->d_pair_off, off, (J + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    free(src); free(rd); free(off);
+    if (cfg->mode == RES_MHAR) { m->route_geo = route_geometry(cfg->C, cfg->H); }
 }
 
 // Lay out tensors of mixed element sizes in one device allocation (each 256-byte aligned, zeroed).
@@ -1897,7 +2346,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     const size_t X = sizeof(floatX), S = sizeof(float);
     TensorSpec as[NUM_ACT_TENSORS] = {
         {(void **)&a->slots, J * N * C, X}, {(void **)&a->slot_r, mhar ? J * N : 0, S},
-        {(void **)&a->route_a, pairs * N * c->H, S}, {(void **)&a->h, mhar ? J * N * C : 0, X},
+        {(void **)&a->route_lse, mhar ? J * N * c->H : 0, S}, {(void **)&a->route_qg, mhar ? J * C : 0, S},
+        {(void **)&a->h, mhar ? J * N * C : 0, X},
         {(void **)&a->ln, J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
         {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
         {(void **)&a->q, L * N * QD, X}, {(void **)&a->k, L * N * KVD, X}, {(void **)&a->v, L * N * KVD, X},
@@ -1909,13 +2359,19 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
     GradActs *g = &m->gacts;
+    // routing scratch: site partials (N/32 blocks), or slot partials (N/256 partitions x up to J readers)
+    size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
+    if (mhar && ceil_div(N, ROUTE_PART_ROWS) * J > route_parts) { route_parts = ceil_div(N, ROUTE_PART_ROWS) * J; }
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
-        {(void **)&g->dslots, J * N * C, S}, {(void **)&g->dh, N * C, S}, {(void **)&g->dln, N * C, S},
+        {(void **)&g->dslots, mhar ? N * C : J * N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
         {(void **)&g->dq, N * QD, S}, {(void **)&g->dqr, N * QD, X},
         {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, S}, {(void **)&g->dmg, N * F, X},
-        {(void **)&g->dmu, N * F, X}, {(void **)&g->dsc, mhar ? N * c->H * J : 0, S},
+        {(void **)&g->dmu, N * F, X},
+        {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
+        {(void **)&g->route_dsr, mhar ? N * J * c->H : 0, S}, {(void **)&g->route_part, route_parts * C, S},
+        {(void **)&g->route_qv, pairs * C, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
 
@@ -2031,39 +2487,54 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout,
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
-#define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
+// std: slot j's row of dslots. mhar: the one (N, C) buffer, which holds the
+// gradient of the slot that model_backward is at.
+#define DSLOT(j) (m->gacts.dslots + (m->cfg.mode == RES_STD ? (size_t)(j) * N * C : 0))
 #define SITE_SRC(j) (m->site_src + (size_t)(j) * (2 * m->cfg.L + 1))
+#define SLOT_RD(k) (m->slot_rd + (size_t)(k) * (2 * m->cfg.L + 1))
+#define SLOT_RD_PAIR(k) (m->slot_rd_pair + (size_t)(k) * (2 * m->cfg.L + 1))
 
-// The input of sublayer j (j = 2L: of the final norm). std: the residual
-// stream x_j = slot j. mhar: route_j over the slots of site j's sources.
-floatX *site_forward(Model *m, int j, size_t N) {
+// The normalised input u_j = rmsnorm(h_j; w) of sublayer j (j = 2L: of the LM
+// head), written into ln[j] with its rstd; returns u_j. std: h_j is the
+// residual stream x_j = slot j. mhar: h_j = route_j over the slots of site j's
+// sources, and route_forward applies the norm in the same kernel (keeping h_j
+// and lse_j for backward).
+floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     size_t C = c->C;
-    if (c->mode == RES_STD) { return SLOT(j); }
-    floatX *hj = a->h + (size_t)j * N * C;
-    route_forward(hj, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, SITE_SRC(j), m->site_n[j],
-                  m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
-    return hj;
+    floatX *u = a->ln + (size_t)j * N * C;
+    float *rstd = a->ln_rstd + (size_t)j * N;
+    if (c->mode == RES_STD) {
+        rmsnorm_forward(u, rstd, SLOT(j), w, N, c->C);
+        return u;
+    }
+    route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * c->H, a->slots, a->slot_r,
+                  SITE_SRC(j), m->site_n[j], a->route_qg + (size_t)j * C, w, N, m->route_geo);
+    return u;
 }
 
-// Where the norm backward of site j adds the gradient of its input: straight
-// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar).
-float *site_dinput(Model *m, int j, size_t N) {
-    size_t C = m->cfg.C;
-    if (m->cfg.mode == RES_STD) { return DSLOT(j); }
-    zero(m->gacts.dh, N * C * sizeof(float));
-    return m->gacts.dh;
-}
-
-void site_backward(Model *m, int j, size_t N) {
+// Backward of site j's u_j = rmsnorm(h_j; w), given g->dln = dL/du_j; adds the
+// norm weight's gradient into dw. std: h_j = slot j, so the norm backward adds
+// into dslot j. mhar: route_site_backward stores G_j = dL/dh_j and S_j. Every
+// site that reads slot j is >= j, so all of them have stored theirs by now:
+// route_slot_backward gathers slot j's gradient into dslots, over the dslot
+// j+1 it holds (added in when slot j+1 = out_j + slot j).
+void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
-    size_t C = c->C;
-    if (c->mode == RES_STD) { return; }
-    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dsc, m->gacts.partial,
-                   m->gacts.dh, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, SITE_SRC(j),
-                   m->site_n[j], m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+    GradActs *g = &m->gacts;
+    size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1;
+    if (c->mode == RES_STD) {
+        rmsnorm_backward(DSLOT(j), dw, g->dln, SLOT(j), a->ln_rstd + j * N, w, N, c->C, g->partial);
+        return;
+    }
+    route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, g->dln, a->h + j * N * C,
+                        a->ln_rstd + j * N, w, N, m->route_geo);
+    int chain = (size_t)j + 1 < J && slot_chains(c, j);
+    route_slot_backward(g->dslots, g->route_qv, g->route_dsr, g->route_part, SLOT(j), a->slot_r + j * N, g->route_G,
+                        g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j), m->slot_nr[j], a->route_qg, chain, N,
+                        m->route_geo);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position
@@ -2083,14 +2554,14 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     prof("fwd encoder");
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
-    if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
+    if (mhar) {
+        route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C);
+        source_stat_forward(a->slot_r, SLOT(0), N, c->C);
+    }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
-        prof("fwd route");
-        floatX *hj = site_forward(m, (int)j, N);
-        floatX *u = a->ln + j * N * C;
-        prof("fwd rmsnorm");
-        rmsnorm_forward(u, a->ln_rstd + j * N, hj, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C, N, c->C);
+        prof("fwd route + norm");
+        floatX *u = site_forward(m, (int)j, N, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C);
         if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, a->out, B, T); }
         else { mlp_sublayer_forward(m, (int)l, u, a->out, B, T); }
         // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
@@ -2098,11 +2569,8 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
         if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
     }
-    prof("fwd route");
-    floatX *hf = site_forward(m, (int)(2 * L), N);
-    floatX *uf = a->ln + 2 * L * N * C;
-    prof("fwd rmsnorm");
-    rmsnorm_forward(uf, a->ln_rstd + 2 * L * N, hf, p->lnfw, N, c->C);
+    prof("fwd route + norm");
+    floatX *uf = site_forward(m, (int)(2 * L), N, p->lnfw);
     // tied head over all Vp rows of wte: the padding rows are 0, and a row length of Vp (a
     // multiple of 128) keeps cuBLAS on its aligned tensor-core path (V = 50257 is odd)
     prof("fwd matmul head");
@@ -2128,6 +2596,9 @@ void model_zero_grad(Model *m) {
 // Backward pass of the last forward; adds into m->grads. dloss scales each
 // position's loss: 1/(B*T) for the mean, divided again by the number of
 // accumulated micro-batches. The logits buffer is reused for dlogits.
+// Order: the final site, then for j = 2L-1 .. 0 sublayer j and site j. In mhar
+// mode site j ends with the gather of slot j (site_backward), and the routing
+// q and gamma gradients are summed once at the end (route_param_backward).
 void model_backward(Model *m, float dloss) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -2137,7 +2608,7 @@ void model_backward(Model *m, float dloss) {
     int B = m->B, T = m->T;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
     prof("bwd zero dslots");
-    zero(g->dslots, (2 * L + 1) * N * C * sizeof(float));
+    if (c->mode == RES_STD) { zero(g->dslots, (2 * L + 1) * N * C * sizeof(float)); }   // mhar: written once per slot
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     floatX *dlogits = a->logits;   // the logits are spent: overwrite them in place
     prof("bwd crossentropy");
@@ -2147,18 +2618,14 @@ void model_backward(Model *m, float dloss) {
     zero(g->dln, N * C * sizeof(float));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
     // uf = rmsnorm(h_final; lnfw)
-    floatX *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
-    prof("bwd rmsnorm");
-    float *dhf = site_dinput(m, (int)(2 * L), N);
-    rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C, g->partial);
-    prof("bwd route");
-    site_backward(m, (int)(2 * L), N);
+    prof("bwd route + norm");
+    site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw);
     for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
         size_t j = (size_t)jj, l = j / 2;
-        // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
+        // slot j+1 = out_j (+ slot j): every site reading slot j+1 is done, so dslot j+1 is complete
         prof("bwd residual + cast");
         float *dout = DSLOT(j + 1);
-        if (slot_chains(c, (int)j)) {
+        if (c->mode == RES_STD && slot_chains(c, (int)j)) {   // (mhar: route_slot_backward adds it)
             accumulate_kernel<<<ceil_div(N * C, 256), 256>>>(DSLOT(j), dout, N * C);
             launchCheck();
         }
@@ -2168,22 +2635,26 @@ void model_backward(Model *m, float dloss) {
         if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         // u = rmsnorm(h_j; g_j)
-        floatX *hj = c->mode == RES_STD ? SLOT(j) : a->h + j * N * C;
-        prof("bwd rmsnorm");
-        float *dhj = site_dinput(m, (int)j, N);
         floatX *w = (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C;
         float *dw = (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
-        rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C, g->partial);
-        prof("bwd route");
-        site_backward(m, (int)j, N);
+        prof("bwd route + norm");
+        site_backward(m, (int)j, N, w, dw);
     }
     // slot 0 = wte[inputs]
     prof("bwd encoder");
     encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C, m->enc_scratch);
+    // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
+    prof("bwd route params");
+    if (c->mode == RES_MHAR) {
+        route_param_backward(dp->rq, dp->rg, g->route_qv, m->d_pair_off, p->rq, p->rg, (int)(2 * L + 1), c->C);
+    }
 }
 
 #undef SLOT
 #undef DSLOT
+#undef SITE_SRC
+#undef SLOT_RD
+#undef SLOT_RD_PAIR
 
 // ----------------------------------------------------------------------------
 // Optimisation: global gradient norm, AdamW, learning-rate schedule
@@ -2332,8 +2803,9 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->adam_m)); cudaCheck(cudaFree(m->adam_v));
     cudaCheck(cudaFree(m->acts_mem)); cudaCheck(cudaFree(m->gacts_mem));
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
+    cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
-    free(m->pair_off); free(m->site_n); free(m->inputs); free(m->targets); free(m->losses_host);
+    free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->inputs); free(m->targets); free(m->losses_host);
 }
 
 

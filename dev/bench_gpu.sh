@@ -44,14 +44,15 @@ theirs() {
 }
 
 declare -A TPS MEM
-read -r TPS[std] MEM[std] P < <(ours -r std)
-read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8)
-read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4)
-read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8)
+got() { echo "measured $1: ${TPS[$1]} tokens/s, ${MEM[$1]} MiB"; }   # as each run ends
+read -r TPS[std] MEM[std] P < <(ours -r std); got std
+read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8); got mhar8
+read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4); got block4
+read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8); got block8
 TPS[torch_std]=0 MEM[torch_std]=0 TPS[torch_mhar8]=0 MEM[torch_mhar8]=0
 if [ "${TORCH:-1}" = 1 ]; then
-    read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std)
-    read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8)
+    read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std); got torch_std
+    read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8); got torch_mhar8
 fi
 
 L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)

@@ -5,6 +5,8 @@
 # samples), and a throughput run of the 100M model on random tokens.
 #   bash dev/cuda/device_check.sh [OUTDIR]      (logs in OUTDIR, default runs/device)
 #   MHAR_CHECK_100M=0 bash dev/cuda/device_check.sh   skips the 100M throughput runs
+# It also runs the CPU and the fp32 GPU trainer for 2 steps at the 100M shape (attnres,
+# mhar H=8, block H=16 S=4) and prints their losses and gradient norms side by side.
 # Prints a short summary; the full logs stay in OUTDIR.
 set -u
 out=${1:-runs/device}
@@ -41,6 +43,16 @@ if cmp -s "$out/det_a.losses" "$out/det_b.losses" && diff <(grep -A1 'sample ---
 else
     summary "determinism: DIFFERENT or failed"; tail -n 3 "$out/det_a.txt" "$out/det_b.txt" | tee -a "$out/summary.txt"
 fi
+
+# The 100M shape (C=512: routing layouts the tiny test shapes do not reach, attnres
+# included) against the CPU trainer: fp32 GPU vs fp32 CPU, 2 steps of one sequence.
+for mode in "mhar -H 1" "mhar -H 8" "mhar -H 16 -S 4"; do
+    tag=$(echo $mode | tr -d ' -')
+    flags="-preset 100m -r $mode -i runs/shards/rand_000000.bin -j '' -b 1 -n 2 -warmup 1 -lr 1e-3 -sample_every 0 -val_every 0"
+    eval ./train_mhar $flags >"$out/cpu100m_$tag.txt" 2>&1
+    eval ./train_mhar_cu_fp32 $flags >"$out/gpu100m_$tag.txt" 2>&1
+    summary "100m $mode CPU vs GPU fp32 (loss, norm of steps 1-2): $(paste -d' ' <(awk -F'|' '/^step/ {printf "%s%s", $2, $4}' "$out/cpu100m_$tag.txt") <(awk -F'|' '/^step/ {printf "%s%s", $2, $4}' "$out/gpu100m_$tag.txt") | tr -s ' ' | sed 's/loss//g; s/norm//g')"
+done
 
 [ "${MHAR_CHECK_100M:-1}" = 0 ] && exit 0   # skip the throughput runs
 for mode in "mhar -H 8" "std"; do

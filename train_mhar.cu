@@ -1422,48 +1422,75 @@ void attention_setup(int HD) {
 }
 
 // ----------------------------------------------------------------------------
+// 16-byte packs of floatX: 8 bf16 or 4 fp32 values, loaded and stored in one
+// instruction (SwiGLU and the classifier).
+#define PACK (16 / (int)sizeof(floatX))
+struct alignas(16) Pack { floatX v[PACK]; };
+
+// ----------------------------------------------------------------------------
 // SwiGLU: out = silu(g) * u, silu(z) = z * sigmoid(z). All tensors (N*F).
 
-// Thread k handles the elements [k VEC, (k + 1) VEC): VEC = 8 lets the bf16
-// build load and store 16 bytes at a time when the pointers allow it.
-#define SWIGLU_VEC 8
+// Thread k handles the 16-byte pack k of each tensor (8 bf16 or 4 fp32 values:
+// PACK, above), so a warp reads whole cache lines. When n
+// or a pointer does not allow packs, the same kernels run one element a thread.
 
-__global__ void swiglu_forward_kernel(floatX *out, const floatX *g, const floatX *u, size_t n) {
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * SWIGLU_VEC;
+__device__ inline float silu_sig(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+__global__ void swiglu_forward_kernel(floatX *out, const floatX *g, const floatX *u, size_t n, int vec) {
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vec;
     if (i0 >= n) { return; }
-    #pragma unroll
-    for (int e = 0; e < SWIGLU_VEC; e++) {
-        size_t i = i0 + e;
-        if (i < n) {
-            float gi = toF(g[i]), sig = 1.0f / (1.0f + expf(-gi));
-            out[i] = fromF<floatX>(gi * sig * toF(u[i]));
-        }
+    if (vec == 1) {
+        float gi = toF(g[i0]);
+        out[i0] = fromF<floatX>(gi * silu_sig(gi) * toF(u[i0]));
+        return;
     }
+    Pack gp = *(const Pack *)(g + i0), up = *(const Pack *)(u + i0), op;
+    for (int e = 0; e < PACK; e++) {
+        float gi = toF(gp.v[e]);
+        op.v[e] = fromF<floatX>(gi * silu_sig(gi) * toF(up.v[e]));
+    }
+    *(Pack *)(out + i0) = op;
+}
+
+// 1 if n and every pointer allow 16-byte packs, else 0
+int packs_fit(size_t n, const void *a, const void *b, const void *c, const void *d) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d;
+    return n % PACK == 0 && bits % 16 == 0;
 }
 
 void swiglu_forward(floatX *out, const floatX *g, const floatX *u, size_t n) {
-    swiglu_forward_kernel<<<ceil_div(n, 256 * SWIGLU_VEC), 256>>>(out, g, u, n);
+    int vec = packs_fit(n, out, g, u, NULL) ? PACK : 1;
+    swiglu_forward_kernel<<<ceil_div(n, 256 * (size_t)vec), 256>>>(out, g, u, n, vec);
     launchCheck();
 }
 
-__global__ void swiglu_backward_kernel(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u, size_t n) {
-    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * SWIGLU_VEC;
+__global__ void swiglu_backward_kernel(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u,
+                                       size_t n, int vec) {
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vec;
     if (i0 >= n) { return; }
-    #pragma unroll
-    for (int e = 0; e < SWIGLU_VEC; e++) {
-        size_t i = i0 + e;
-        if (i < n) {
-            // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
-            float gi = toF(g[i]), ui = toF(u[i]), sig = 1.0f / (1.0f + expf(-gi));
-            dg[i] = fromF<floatX>(dout[i] * ui * sig * (1.0f + gi * (1.0f - sig)));
-            du[i] = fromF<floatX>(dout[i] * gi * sig);
-        }
+    // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
+    if (vec == 1) {
+        float gi = toF(g[i0]), ui = toF(u[i0]), sig = silu_sig(gi);
+        dg[i0] = fromF<floatX>(dout[i0] * ui * sig * (1.0f + gi * (1.0f - sig)));
+        du[i0] = fromF<floatX>(dout[i0] * gi * sig);
+        return;
     }
+    Pack gp = *(const Pack *)(g + i0), up = *(const Pack *)(u + i0), dgp, dup;
+    float d[PACK];
+    for (int e = 0; e < PACK; e += 4) { *(float4 *)(d + e) = *(const float4 *)(dout + i0 + e); }
+    for (int e = 0; e < PACK; e++) {
+        float gi = toF(gp.v[e]), ui = toF(up.v[e]), sig = silu_sig(gi);
+        dgp.v[e] = fromF<floatX>(d[e] * ui * sig * (1.0f + gi * (1.0f - sig)));
+        dup.v[e] = fromF<floatX>(d[e] * gi * sig);
+    }
+    *(Pack *)(dg + i0) = dgp;
+    *(Pack *)(du + i0) = dup;
 }
 
 // Writes (does not add) dg, du in floatX: they feed matmul backwards.
 void swiglu_backward(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u, size_t n) {
-    swiglu_backward_kernel<<<ceil_div(n, 256 * SWIGLU_VEC), 256>>>(dg, du, dout, g, u, n);
+    int vec = packs_fit(n, dg, du, g, u) && (uintptr_t)dout % 16 == 0 ? PACK : 1;
+    swiglu_backward_kernel<<<ceil_div(n, 256 * (size_t)vec), 256>>>(dg, du, dout, g, u, n, vec);
     launchCheck();
 }
 
@@ -2074,11 +2101,8 @@ void route_param_backward(float *dq, float *dgamma, const float *qv, const int *
 
 #define CE_THREADS 512
 
-// 16-byte packs of floatX: 8 bf16 or 4 fp32 values, loaded and stored in one
-// instruction. The logits rows start at multiples of Vp (a multiple of 128), so
-// every pack of a row is aligned.
-#define PACK (16 / (int)sizeof(floatX))
-struct alignas(16) Pack { floatX v[PACK]; };
+// The logits rows start at multiples of Vp (a multiple of 128), so every 16-byte
+// Pack of a row is aligned.
 
 // One block per position n, one pass over the row: each thread keeps a running
 // max m and sum s of exp(x - m) over its packs (online softmax), then the block

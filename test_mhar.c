@@ -674,12 +674,20 @@ static void check_gpu(void) {
     //   fp32: loss 2.9e-8, logits 1.0e-6, gradients 3.7e-6 (attnres wq),
     //         10-step losses 6.9e-8.  Tolerance 1e-5 throughout.
     //   bf16: loss 4.0e-4, logits 3.1e-2, gradients 7.6e-2 (attnres wq),
-    //         10-step losses 1.8e-3 (mhar H=8).  bf16 keeps 8 bits of mantissa
+    //         10-step losses 1.8e-3 (mhar H=8).  With the flash attention and
+    //         fused routing kernels (session 2, the bf16 routing gradient G and
+    //         the attention output gradient are stored in bf16): loss 2.7e-4,
+    //         logits 3.1e-2, gradients 7.0e-2 (attnres ln2w), 10-step losses
+    //         3.6e-3 (attnres), inside the same tolerances, the last one now
+    //         with a 1.4x margin only.  bf16 keeps 8 bits of mantissa
     //         (2^-9 = 2e-3 relative per rounding) and every activation is
     //         rounded once per op, ~10 times between input and logits, hence
-    //         logits at a few 1e-2. Tolerances at about twice the measured worst
-    //         (5x for the loss, 3x for the training losses). Formula bugs are
-    //         caught by the fp32 build, which runs the same kernels; what these
+    //         logits at a few 1e-2. The tolerances were set at about twice the
+    //         first measured worst (5x for the loss, 3x for the training
+    //         losses), and are unchanged. Formula bugs are
+    //         caught by the fp32 build, which runs the same kernels (all but the
+    //         bf16-only flash attention, which the flash configs below check at
+    //         the bf16 tolerances, 5x under them on gradients); what these
     //         catch are bf16-only faults (wrong conversions, cuBLAS types,
     //         overflow), which give errors of order 1.
     GpuPrecision precs[2] = {
@@ -689,12 +697,12 @@ static void check_gpu(void) {
          2e-3, 6e-2, 1.5e-1, 5e-3},
     };
     // The flash attention configs (gpu_flash_config) have C = 256 instead of 32.
-    // PROVISIONAL: their tolerances are copies of the ones above until measured
-    // on the device. The float32 CPU build is within 2.1e-6 of float64 on these
-    // configs (gradients; loss 4e-8), so 1e-5 should hold for fp32. The bf16
-    // ones also cover the flash kernels' own rounding of P and dS to bf16 (the
-    // lab measured 2e-3..4e-3 relative on attention alone, NOTES_attention.md),
-    // small against the 7.6e-2 above. 5 training steps, not 10: these wider
+    // Their tolerances are the ones above. Measured on the H200 (worst of the
+    // four configs): fp32 loss 5.5e-8, logits 1.1e-6, gradients 1.8e-6,
+    // 5-step losses 6.3e-7; bf16 loss 1.9e-4, logits 1.8e-2, gradients 2.8e-2,
+    // 5-step losses 3.8e-3. The bf16 figures include the flash kernels' own
+    // rounding of P and dS to bf16 (the lab measured 2e-3..4e-3 relative on
+    // attention alone, NOTES_attention.md). 5 training steps, not 10: these wider
     // models learn the map fast (CPU loss 4.6 -> 1.2 by step 5, 0.2 by step
     // 10), and a relative error of a small loss says little about the kernels.
     GpuPrecision flash[2] = {precs[0], precs[1]};

@@ -1901,6 +1901,39 @@ route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const floa
     block_sum_store<VEC, NCH>(accg, red, part_dg + (size_t)blockIdx.x * C, C);
 }
 
+// out (C) (= or +=) the sum over P partials of part (P, nm, C), matrix m =
+// blockIdx.y, in a fixed order: lane y of the ROUTE_RED_LANES partial lanes sums
+// partials y, y + ROUTE_RED_LANES, ... in order, then the lane sums are added in
+// lane order. out row: out_row[m] when out_row (device), else m. Block (32
+// channels) x (ROUTE_RED_LANES); grid (C/32, nm). A single serial sum over
+// P = 1024 partials on C/256 blocks was latency-bound.
+#define ROUTE_RED_LANES 32
+__global__ void __launch_bounds__(32 * ROUTE_RED_LANES)
+route_reduce_parts_kernel(float *out, const float *__restrict__ part, const int *__restrict__ out_row, int P, int nm,
+                          int C, int add) {
+    __shared__ float acc[ROUTE_RED_LANES][33];
+    const int c = blockIdx.x * 32 + threadIdx.x, m = blockIdx.y;
+    float s = 0.0f;
+    if (c < C) {
+        for (int p = threadIdx.y; p < P; p += ROUTE_RED_LANES) { s += part[((size_t)p * nm + m) * C + c]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+        for (int y = 0; y < ROUTE_RED_LANES; y++) { t += acc[y][threadIdx.x]; }
+        float *o = out + (size_t)(out_row ? out_row[m] : m) * C + c;
+        *o = add ? *o + t : t;
+    }
+}
+
+// The launch of route_reduce_parts_kernel: out rows (= or +=) sums of part (P, nm, C)
+void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add) {
+    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES)>>>(out, part, out_row, P, nm, C,
+                                                                                         add);
+    launchCheck();
+}
+
 // Backward of site j's u = rmsnorm(h; g), given dU = dL/du (N, C) fp32: stores
 // G = dL/dh (N, C) floatX and S (N, H) for the slot gathers, and adds the norm
 // weight's gradient into dg (C). part: scratch of ceil(N/32) * C floats.
@@ -1912,9 +1945,8 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
         route_site_backward_kernel<VEC, NCH><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
     });
     launchCheck();
-    // dg[c] = sum_t dU[t][c] xhat[t][c]: the per-block partials, in order
-    reduce_partials_kernel<<<ceil_div(geo.C, 256), 256>>>(dg, part, (int)nblk, geo.C);
-    launchCheck();
+    // dg[c] += sum_t dU[t][c] xhat[t][c]: the per-block partials, in a fixed order
+    route_reduce_parts(dg, part, NULL, (int)nblk, 1, geo.C, 1);
 }
 
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
@@ -2039,16 +2071,6 @@ __global__ void route_slot_param_kernel(float *part, const float *dsr, const flo
     }
 }
 
-// qv[rd_pair[jj]] (C) = sum over the P partitions of part (P, nr, C), in order:
-// the (site, source) pair of reader jj gets its sum over positions of ds r v.
-__global__ void route_slot_param_reduce_kernel(float *qv, const float *part, const int *rd_pair, int nr, int P, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, jj = blockIdx.y;
-    if (c >= C) { return; }
-    float s = 0.0f;
-    for (int p = 0; p < P; p++) { s += part[((size_t)p * nr + jj) * C + c]; }
-    qv[(size_t)rd_pair[jj] * C + c] = s;
-}
-
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
 // (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
@@ -2068,8 +2090,8 @@ void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
     route_slot_param_kernel<<<dim3(ceil_div(geo.C, 32), P), dim3(32, 8)>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
     launchCheck();
-    route_slot_param_reduce_kernel<<<dim3(ceil_div(geo.C, 256), nr), 256>>>(qv, part, rd_pair, nr, (int)P, geo.C);
-    launchCheck();
+    // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
+    route_reduce_parts(qv, part, rd_pair, (int)P, nr, geo.C, 0);
 }
 
 // dq_j[c] += gamma_j[c] * s, dgamma_j[c] += q_j[c] * s, where s sums site j's

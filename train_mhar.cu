@@ -1599,7 +1599,7 @@ template <typename F> void route_dispatch(const RouteGeo &g, F f) {
 // (3 x 256 threads) for bf16 at up to 16 channels per lane (C <= 512)
 #define ROUTE_MIN_BLOCKS(VEC, NCH) ((sizeof(floatX) == 2 && (VEC) * (NCH) <= 16 && (NCH) <= 8) ? 3 : 1)
 #define ROUTE_POS_PER_BLOCK 32   // positions per block of route_site_backward (8 warps x 4)
-#define ROUTE_PART_ROWS 256      // positions per partition of route_slot_param_kernel
+#define ROUTE_PART_ROWS 128      // positions per partition of route_slot_param_kernel
 
 // VEC floatX values, loaded and stored as one piece (16 bytes for 8 bf16,
 // two 16-byte pieces for 8 floats); PackedF the same for fp32 buffers.
@@ -2048,26 +2048,57 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
 
 // dq/dgamma pass of slot k: part (P, nr, C) = partition p's sum over its
 // ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each reading
-// site jj. Block (32 channels) x (8 position lanes), lanes summed in order.
-__global__ void route_slot_param_kernel(float *part, const float *dsr, const floatX *v, int nr, int N, int C, int H) {
-    __shared__ float acc[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
-    int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
-    for (int jj = 0; jj < nr; jj++) {
-        float s = 0.0f;
-        if (c < C) {
-            for (int t = t0 + threadIdx.y; t < t1; t += 8) {
-                s += dsr[((size_t)t * nr + jj) * H + c / HC] * toF(v[(size_t)t * C + c]);
+// site jj. Block = 32 lanes of PV channels (PV = the layout's VEC: 8 is one
+// 16-byte load of v, and a head holds whole packs) x 8 position lanes (one warp
+// per position). The readers go in groups of ROUTE_PARAM_RB held in registers,
+// so v is read once per group, not once per reader; each reader's 8 lane sums
+// are then added in lane order through shared memory.
+#define ROUTE_PARAM_RB 8
+template <int PV>
+__global__ void __launch_bounds__(256, 2)
+route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
+                        int H) {
+    __shared__ __align__(16) float red[8][32 * PV];
+    const int x = threadIdx.x % 32, y = threadIdx.x / 32, p = blockIdx.y;
+    const int c0 = (blockIdx.x * 32 + x) * PV, hd = c0 < C ? c0 / (C / H) : 0;
+    const int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
+    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RB) {
+        float acc[ROUTE_PARAM_RB][PV];
+#pragma unroll
+        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+#pragma unroll
+            for (int k = 0; k < PV; k++) { acc[r][k] = 0.0f; }
+        }
+        if (c0 < C) {
+            for (int t = t0 + y; t < t1; t += 8) {
+                float vv[PV];
+                unpack(*reinterpret_cast<const Packed<PV> *>(v + (size_t)t * C + c0), vv);
+                const float *d = dsr + ((size_t)t * nr + j0) * H + hd;
+#pragma unroll
+                for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+                    if (j0 + r < nr) {
+                        const float dr = d[r * H];
+#pragma unroll
+                        for (int k = 0; k < PV; k++) { acc[r][k] += dr * vv[k]; }
+                    }
+                }
             }
         }
-        acc[threadIdx.y][threadIdx.x] = s;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < C) {
-            float sum = 0.0f;
-            for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
-            part[((size_t)p * nr + jj) * C + c] = sum;
+#pragma unroll
+        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+            if (j0 + r >= nr) { break; }   // block-uniform
+            st_f(&red[y][x * PV], acc[r]);
+            __syncthreads();
+            for (int i = threadIdx.x; i < 32 * PV; i += blockDim.x) {
+                const int c = blockIdx.x * 32 * PV + i;
+                if (c < C) {
+                    float s = 0.0f;
+                    for (int yy = 0; yy < 8; yy++) { s += red[yy][i]; }
+                    part[((size_t)p * nr + j0 + r) * C + c] = s;
+                }
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
@@ -2076,7 +2107,7 @@ __global__ void route_slot_param_kernel(float *part, const float *dsr, const flo
 // (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
 // the pair's qv (C) = sum over positions of ds r v_k. v (N, C) and r (N) are
 // slot k's; readers (nr) are the sites that read it and rd_pair their pair
-// indices (device). dsr (N, nr, H) and part (ceil(N/256) * nr * C) are scratch.
+// indices (device). dsr (N, nr, H) and part (ceil(N/128) * nr * C) are scratch.
 void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const floatX *v, const float *r,
                          const floatX *G, const float *S, const float *lse, const int *readers, const int *rd_pair,
                          int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
@@ -2088,7 +2119,11 @@ void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    route_slot_param_kernel<<<dim3(ceil_div(geo.C, 32), P), dim3(32, 8)>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    if (geo.vec == 8) {
+        route_slot_param_kernel<8><<<dim3(ceil_div(geo.C, 256), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    } else {
+        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 32), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    }
     launchCheck();
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
     route_reduce_parts(qv, part, rd_pair, (int)P, nr, geo.C, 0);
@@ -2251,7 +2286,7 @@ typedef struct {
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
     float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
-    float *route_part; // (max(N/32, J*N/256), C)  per-block partials of the routing sums (mhar)
+    float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
@@ -2405,7 +2440,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
     GradActs *g = &m->gacts;
-    // routing scratch: site partials (N/32 blocks), or slot partials (N/256 partitions x up to J readers)
+    // routing scratch: site partials (N/32 blocks), or slot partials (N/128 partitions x up to J readers)
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
     if (mhar && ceil_div(N, ROUTE_PART_ROWS) * J > route_parts) { route_parts = ceil_div(N, ROUTE_PART_ROWS) * J; }
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {

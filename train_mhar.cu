@@ -1990,7 +1990,7 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
         const int j = readers[jj];
         const size_t row = (size_t)j * N + t;
         Packed<VEC> Gp[NCH];
-        float p[NCH], e[NCH], ep[NCH];
+        float p[NCH], e[NCH];
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
         if (jj + 1 < nr) {   // prefetch the next reader's G
@@ -2006,7 +2006,7 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             ld_f(qv, qg + (size_t)j * C, ch * W + lane * VEC, C);
 #pragma unroll
             for (int k = 0; k < VEC; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
-            p[ch] = pd; e[ch] = ed; ep[ch] = ed;
+            p[ch] = pd; e[ch] = ed;
         }
         head_sum<NCH>(p, geo);
         head_sum<NCH>(e, geo);
@@ -2020,10 +2020,12 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             float G[VEC], qv[VEC];
             unpack(Gp[ch], G);
             ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
-            uv += ds * ep[ch];
 #pragma unroll
             for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
-            if (c0 % HC == 0) { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
+            if (c0 % HC == 0) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
+                uv += ds * e[ch];
+                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+            }
         }
     }
     // k_i = gamma r_i v_i, r_i = (|v_i|^2/C + eps)^(-1/2): dv -= (r^3 / C) (sum_j u_j . v) v

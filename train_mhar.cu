@@ -1830,7 +1830,7 @@ __device__ void block_sum_store(float (&acc)[NCH][VEC], float (*red)[32 * VEC], 
     }
 }
 
-// Backward of the site's RMSNorm (lab v3), in registers, for one position: u = h * rstd * g gives
+// Backward of the site's RMSNorm (lab v3), for one position: u = h * rstd * g gives
 // G = dL/dh = rstd (g dU - xhat mean(g dU xhat)), xhat = h * rstd; adds dU * xhat to accg.
 // S[ch] = G[h] . h[h] over this lane's head: the S_h = sum_i a p of SPEC's site backward.
 template <int VEC, int NCH>
@@ -1839,28 +1839,34 @@ __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (
                                                    const float (&gw)[NCH][VEC], int lane, const RouteGeo &geo) {
     constexpr int W = 32 * VEC;
     const int C = geo.C;
-    float du[NCH][VEC], xh[NCH][VEC], md = 0.0f;
+    float md = 0.0f;
+    // two passes over this lane's dU and h (the second re-reads them from L1):
+    // fewer live registers than keeping dU and xhat across the warp sum
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
-        float hv[VEC];
-        ld_f(du[ch], dU, c0, C);
+        float du[VEC], hv[VEC];
+        ld_f(du, dU, c0, C);
         unpack(ld_lane<VEC>(h, c0, C), hv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            xh[ch][k] = hv[k] * rs;
-            md += gw[ch][k] * du[ch][k] * xh[ch][k];
-            accg[ch][k] += du[ch][k] * xh[ch][k];
+            const float xh = hv[k] * rs;
+            md += gw[ch][k] * du[k] * xh;
+            accg[ch][k] += du[k] * xh;
         }
     }
     md = warp_sum(md) / C;
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        float d = 0.0f;
+        const int c0 = ch * W + lane * VEC;
+        float du[VEC], hv[VEC], d = 0.0f;
+        ld_f(du, dU, c0, C);
+        unpack(ld_lane<VEC>(h, c0, C), hv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            G[ch][k] = rs * (gw[ch][k] * du[ch][k] - xh[ch][k] * md);
-            d += G[ch][k] * xh[ch][k];
+            const float xh = hv[k] * rs;
+            G[ch][k] = rs * (gw[ch][k] * du[k] - xh * md);
+            d += G[ch][k] * xh;
         }
         S[ch] = d / rs;   // G . h = G . xhat / rstd
     }

@@ -1599,7 +1599,7 @@ template <typename F> void route_dispatch(const RouteGeo &g, F f) {
 // (3 x 256 threads) for bf16 at up to 16 channels per lane (C <= 512)
 #define ROUTE_MIN_BLOCKS(VEC, NCH) ((sizeof(floatX) == 2 && (VEC) * (NCH) <= 16 && (NCH) <= 8) ? 3 : 1)
 #define ROUTE_POS_PER_BLOCK 32   // positions per block of route_site_backward (8 warps x 4)
-#define ROUTE_PART_ROWS 256      // positions per partition of route_slot_param_kernel
+#define ROUTE_PART_ROWS 128      // positions per partition of route_slot_param_kernel
 
 // VEC floatX values, loaded and stored as one piece (16 bytes for 8 bf16,
 // two 16-byte pieces for 8 floats); PackedF the same for fp32 buffers.
@@ -1830,7 +1830,7 @@ __device__ void block_sum_store(float (&acc)[NCH][VEC], float (*red)[32 * VEC], 
     }
 }
 
-// Backward of the site's RMSNorm (lab v3), in registers, for one position: u = h * rstd * g gives
+// Backward of the site's RMSNorm (lab v3), for one position: u = h * rstd * g gives
 // G = dL/dh = rstd (g dU - xhat mean(g dU xhat)), xhat = h * rstd; adds dU * xhat to accg.
 // S[ch] = G[h] . h[h] over this lane's head: the S_h = sum_i a p of SPEC's site backward.
 template <int VEC, int NCH>
@@ -1839,28 +1839,34 @@ __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (
                                                    const float (&gw)[NCH][VEC], int lane, const RouteGeo &geo) {
     constexpr int W = 32 * VEC;
     const int C = geo.C;
-    float du[NCH][VEC], xh[NCH][VEC], md = 0.0f;
+    float md = 0.0f;
+    // two passes over this lane's dU and h (the second re-reads them from L1):
+    // fewer live registers than keeping dU and xhat across the warp sum
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
-        float hv[VEC];
-        ld_f(du[ch], dU, c0, C);
+        float du[VEC], hv[VEC];
+        ld_f(du, dU, c0, C);
         unpack(ld_lane<VEC>(h, c0, C), hv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            xh[ch][k] = hv[k] * rs;
-            md += gw[ch][k] * du[ch][k] * xh[ch][k];
-            accg[ch][k] += du[ch][k] * xh[ch][k];
+            const float xh = hv[k] * rs;
+            md += gw[ch][k] * du[k] * xh;
+            accg[ch][k] += du[k] * xh;
         }
     }
     md = warp_sum(md) / C;
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        float d = 0.0f;
+        const int c0 = ch * W + lane * VEC;
+        float du[VEC], hv[VEC], d = 0.0f;
+        ld_f(du, dU, c0, C);
+        unpack(ld_lane<VEC>(h, c0, C), hv);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
-            G[ch][k] = rs * (gw[ch][k] * du[ch][k] - xh[ch][k] * md);
-            d += G[ch][k] * xh[ch][k];
+            const float xh = hv[k] * rs;
+            G[ch][k] = rs * (gw[ch][k] * du[k] - xh * md);
+            d += G[ch][k] * xh;
         }
         S[ch] = d / rs;   // G . h = G . xhat / rstd
     }
@@ -1901,6 +1907,39 @@ route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const floa
     block_sum_store<VEC, NCH>(accg, red, part_dg + (size_t)blockIdx.x * C, C);
 }
 
+// out (C) (= or +=) the sum over P partials of part (P, nm, C), matrix m =
+// blockIdx.y, in a fixed order: lane y of the ROUTE_RED_LANES partial lanes sums
+// partials y, y + ROUTE_RED_LANES, ... in order, then the lane sums are added in
+// lane order. out row: out_row[m] when out_row (device), else m. Block (32
+// channels) x (ROUTE_RED_LANES); grid (C/32, nm). A single serial sum over
+// P = 1024 partials on C/256 blocks was latency-bound.
+#define ROUTE_RED_LANES 32
+__global__ void __launch_bounds__(32 * ROUTE_RED_LANES)
+route_reduce_parts_kernel(float *out, const float *__restrict__ part, const int *__restrict__ out_row, int P, int nm,
+                          int C, int add) {
+    __shared__ float acc[ROUTE_RED_LANES][33];
+    const int c = blockIdx.x * 32 + threadIdx.x, m = blockIdx.y;
+    float s = 0.0f;
+    if (c < C) {
+        for (int p = threadIdx.y; p < P; p += ROUTE_RED_LANES) { s += part[((size_t)p * nm + m) * C + c]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+        for (int y = 0; y < ROUTE_RED_LANES; y++) { t += acc[y][threadIdx.x]; }
+        float *o = out + (size_t)(out_row ? out_row[m] : m) * C + c;
+        *o = add ? *o + t : t;
+    }
+}
+
+// The launch of route_reduce_parts_kernel: out rows (= or +=) sums of part (P, nm, C)
+void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add) {
+    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES)>>>(out, part, out_row, P, nm, C,
+                                                                                         add);
+    launchCheck();
+}
+
 // Backward of site j's u = rmsnorm(h; g), given dU = dL/du (N, C) fp32: stores
 // G = dL/dh (N, C) floatX and S (N, H) for the slot gathers, and adds the norm
 // weight's gradient into dg (C). part: scratch of ceil(N/32) * C floats.
@@ -1912,9 +1951,8 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
         route_site_backward_kernel<VEC, NCH><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
     });
     launchCheck();
-    // dg[c] = sum_t dU[t][c] xhat[t][c]: the per-block partials, in order
-    reduce_partials_kernel<<<ceil_div(geo.C, 256), 256>>>(dg, part, (int)nblk, geo.C);
-    launchCheck();
+    // dg[c] += sum_t dU[t][c] xhat[t][c]: the per-block partials, in a fixed order
+    route_reduce_parts(dg, part, NULL, (int)nblk, 1, geo.C, 1);
 }
 
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
@@ -1958,7 +1996,7 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
         const int j = readers[jj];
         const size_t row = (size_t)j * N + t;
         Packed<VEC> Gp[NCH];
-        float p[NCH], e[NCH], ep[NCH];
+        float p[NCH], e[NCH];
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
         if (jj + 1 < nr) {   // prefetch the next reader's G
@@ -1974,7 +2012,7 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             ld_f(qv, qg + (size_t)j * C, ch * W + lane * VEC, C);
 #pragma unroll
             for (int k = 0; k < VEC; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
-            p[ch] = pd; e[ch] = ed; ep[ch] = ed;
+            p[ch] = pd; e[ch] = ed;
         }
         head_sum<NCH>(p, geo);
         head_sum<NCH>(e, geo);
@@ -1988,10 +2026,12 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             float G[VEC], qv[VEC];
             unpack(Gp[ch], G);
             ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
-            uv += ds * ep[ch];
 #pragma unroll
             for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
-            if (c0 % HC == 0) { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
+            if (c0 % HC == 0) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
+                uv += ds * e[ch];
+                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+            }
         }
     }
     // k_i = gamma r_i v_i, r_i = (|v_i|^2/C + eps)^(-1/2): dv -= (r^3 / C) (sum_j u_j . v) v
@@ -2016,37 +2056,58 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
 
 // dq/dgamma pass of slot k: part (P, nr, C) = partition p's sum over its
 // ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each reading
-// site jj. Block (32 channels) x (8 position lanes), lanes summed in order.
-__global__ void route_slot_param_kernel(float *part, const float *dsr, const floatX *v, int nr, int N, int C, int H) {
-    __shared__ float acc[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y, HC = C / H;
-    int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
-    for (int jj = 0; jj < nr; jj++) {
-        float s = 0.0f;
-        if (c < C) {
-            for (int t = t0 + threadIdx.y; t < t1; t += 8) {
-                s += dsr[((size_t)t * nr + jj) * H + c / HC] * toF(v[(size_t)t * C + c]);
+// site jj. Block = 32 lanes of PV channels (PV = the layout's VEC: 8 is one
+// 16-byte load of v, and a head holds whole packs) x 8 position lanes (one warp
+// per position). The readers go in groups of ROUTE_PARAM_RB held in registers,
+// so v is read once per group, not once per reader; each reader's 8 lane sums
+// are then added in lane order through shared memory.
+#define ROUTE_PARAM_RB 8
+template <int PV>
+__global__ void __launch_bounds__(256, 2)
+route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
+                        int H) {
+    __shared__ __align__(16) float red[8][32 * PV];
+    const int x = threadIdx.x % 32, y = threadIdx.x / 32, p = blockIdx.y;
+    const int c0 = (blockIdx.x * 32 + x) * PV, hd = c0 < C ? c0 / (C / H) : 0;
+    const int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
+    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RB) {
+        float acc[ROUTE_PARAM_RB][PV];
+#pragma unroll
+        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+#pragma unroll
+            for (int k = 0; k < PV; k++) { acc[r][k] = 0.0f; }
+        }
+        if (c0 < C) {
+            for (int t = t0 + y; t < t1; t += 8) {
+                float vv[PV];
+                unpack(*reinterpret_cast<const Packed<PV> *>(v + (size_t)t * C + c0), vv);
+                const float *d = dsr + ((size_t)t * nr + j0) * H + hd;
+#pragma unroll
+                for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+                    if (j0 + r < nr) {
+                        const float dr = d[r * H];
+#pragma unroll
+                        for (int k = 0; k < PV; k++) { acc[r][k] += dr * vv[k]; }
+                    }
+                }
             }
         }
-        acc[threadIdx.y][threadIdx.x] = s;
-        __syncthreads();
-        if (threadIdx.y == 0 && c < C) {
-            float sum = 0.0f;
-            for (int y = 0; y < 8; y++) { sum += acc[y][threadIdx.x]; }
-            part[((size_t)p * nr + jj) * C + c] = sum;
+#pragma unroll
+        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+            if (j0 + r >= nr) { break; }   // block-uniform
+            st_f(&red[y][x * PV], acc[r]);
+            __syncthreads();
+            for (int i = threadIdx.x; i < 32 * PV; i += blockDim.x) {
+                const int c = blockIdx.x * 32 * PV + i;
+                if (c < C) {
+                    float s = 0.0f;
+                    for (int yy = 0; yy < 8; yy++) { s += red[yy][i]; }
+                    part[((size_t)p * nr + j0 + r) * C + c] = s;
+                }
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
-}
-
-// qv[rd_pair[jj]] (C) = sum over the P partitions of part (P, nr, C), in order:
-// the (site, source) pair of reader jj gets its sum over positions of ds r v.
-__global__ void route_slot_param_reduce_kernel(float *qv, const float *part, const int *rd_pair, int nr, int P, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, jj = blockIdx.y;
-    if (c >= C) { return; }
-    float s = 0.0f;
-    for (int p = 0; p < P; p++) { s += part[((size_t)p * nr + jj) * C + c]; }
-    qv[(size_t)rd_pair[jj] * C + c] = s;
 }
 
 // Backward of every routing site into slot k's gradient (see the kernel above),
@@ -2054,7 +2115,7 @@ __global__ void route_slot_param_reduce_kernel(float *qv, const float *part, con
 // (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
 // the pair's qv (C) = sum over positions of ds r v_k. v (N, C) and r (N) are
 // slot k's; readers (nr) are the sites that read it and rd_pair their pair
-// indices (device). dsr (N, nr, H) and part (ceil(N/256) * nr * C) are scratch.
+// indices (device). dsr (N, nr, H) and part (ceil(N/128) * nr * C) are scratch.
 void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const floatX *v, const float *r,
                          const floatX *G, const float *S, const float *lse, const int *readers, const int *rd_pair,
                          int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
@@ -2066,10 +2127,14 @@ void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    route_slot_param_kernel<<<dim3(ceil_div(geo.C, 32), P), dim3(32, 8)>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    if (geo.vec == 8) {
+        route_slot_param_kernel<8><<<dim3(ceil_div(geo.C, 256), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    } else {
+        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 32), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    }
     launchCheck();
-    route_slot_param_reduce_kernel<<<dim3(ceil_div(geo.C, 256), nr), 256>>>(qv, part, rd_pair, nr, (int)P, geo.C);
-    launchCheck();
+    // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
+    route_reduce_parts(qv, part, rd_pair, (int)P, nr, geo.C, 0);
 }
 
 // dq_j[c] += gamma_j[c] * s, dgamma_j[c] += q_j[c] * s, where s sums site j's
@@ -2229,7 +2294,7 @@ typedef struct {
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
     float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
-    float *route_part; // (max(N/32, J*N/256), C)  per-block partials of the routing sums (mhar)
+    float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
@@ -2383,7 +2448,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
     GradActs *g = &m->gacts;
-    // routing scratch: site partials (N/32 blocks), or slot partials (N/256 partitions x up to J readers)
+    // routing scratch: site partials (N/32 blocks), or slot partials (N/128 partitions x up to J readers)
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
     if (mhar && ceil_div(N, ROUTE_PART_ROWS) * J > route_parts) { route_parts = ceil_div(N, ROUTE_PART_ROWS) * J; }
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {

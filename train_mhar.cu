@@ -380,7 +380,7 @@ __global__ void rmsnorm_dw_partial_kernel(float *partial, const float *dout, con
     }
 }
 
-// dinp (N, D) += ... (fp32 for the pre-norms, floatX for QK-norm);  dw (D) += ...
+// dinp (N, D) += ... (the pre-norms: fp32; QK-norm has its own fused kernel);  dw (D) += ...
 // partial: scratch of RED_PARTS_MAX * D floats.
 template <typename Tout>
 void rmsnorm_backward(Tout *dinp, float *dw, const float *dout, const floatX *inp, const float *rstd,

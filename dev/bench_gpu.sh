@@ -21,11 +21,15 @@ mkdir -p data/bench
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
 echo "bench_gpu: ${GPU:-no GPU}; $PRESET, B=$B, T=$T, $STEPS steps per run"
 
-# our trainer: mean tokens/s after the first 3 steps, GPU memory in use at the end, parameters
+# our trainer on the random shard, no validation or samples; extra flags follow
+train() {
+    "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 -i data/bench/random_3m.bin -j '' \
+        -sample_every 0 -val_every 0 "$@"
+}
+# mean tokens/s after the first 3 steps, GPU memory in use at the end, parameters
 ours() {
     local log
-    log=$("$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -n "$STEPS" -warmup 1 -i data/bench/random_3m.bin -j '' \
-          -sample_every 0 -val_every 0 "$@" 2>&1) || { echo "$log" >&2; exit 1; }
+    log=$(train -n "$STEPS" "$@" 2>&1) || { echo "$log" >&2; exit 1; }
     local tps mem params
     tps=$(echo "$log" | awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {printf "%.0f", k ? s / k : 0}')
     mem=$(echo "$log" | sed -n 's/.*GPU memory in use \([0-9.]*\) MiB.*/\1/p')
@@ -66,11 +70,12 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
         printf "\n%-12s %12s %8s %12s %10s %10s\n", "run", "tokens/s", "MFU", "memory GiB", "vs our std", "vs torch std"
         for (i = 1; i <= NR; i++) {
             k = name[i]
-            printf "%-12s %12.0f %7.1f%% %12.2f %10.3f %10.3f\n", k, tps[k], 100 * tps[k] * fpt / (peak * 1e12),
-                   mem[k] / 1024, tps[k] / tps["std"], tps[k] / (tps["torch_std"] > 0 ? tps["torch_std"] : 1)
+            vt = (tps["torch_std"] > 0) ? sprintf("%10.3f", tps[k] / tps["torch_std"]) : sprintf("%10s", "-")
+            printf "%-12s %12.0f %7.1f%% %12.2f %10.3f %s\n", k, tps[k], 100 * tps[k] * fpt / (peak * 1e12),
+                   mem[k] / 1024, tps[k] / tps["std"], vt
         }
-        printf "\ntargets: std/torch_std %.3f (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
-               tps["std"] / (tps["torch_std"] > 0 ? tps["torch_std"] : 1), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
+        printf "\ntargets: std/torch_std %s (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
+               (tps["torch_std"] > 0 ? sprintf("%.3f", tps["std"] / tps["torch_std"]) : "-"), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
                tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
@@ -80,7 +85,6 @@ if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
     for mode in "std" "mhar -H 8"; do
         echo
         echo "per-op breakdown, our $mode:"
-        MHAR_PROFILE=4 "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -n 4 -warmup 1 -i data/bench/random_3m.bin -j '' \
-            -sample_every 0 -val_every 0 -r $mode 2>&1 | sed -n '/^profile/,/^  total/p'
+        MHAR_PROFILE=4 train -n 4 -r $mode 2>&1 | sed -n '/^profile/,/^  total/p'
     done
 fi

@@ -2126,6 +2126,7 @@ void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
+    prof("bwd route: q/gamma parts");
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
     if (geo.vec == 8) {
         route_slot_param_kernel<8><<<dim3(ceil_div(geo.C, 256), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
@@ -2618,9 +2619,11 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
         rmsnorm_backward(DSLOT(j), dw, g->dln, SLOT(j), a->ln_rstd + j * N, w, N, c->C, g->partial);
         return;
     }
+    prof("bwd route: site G, S");
     route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, g->dln, a->h + j * N * C,
                         a->ln_rstd + j * N, w, N, m->route_geo);
     int chain = (size_t)j + 1 < J && slot_chains(c, j);
+    prof("bwd route: slot gather");
     route_slot_backward(g->dslots, g->route_qv, g->route_dsr, g->route_part, SLOT(j), a->slot_r + j * N, g->route_G,
                         g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j), m->slot_nr[j], a->route_qg, chain, N,
                         m->route_geo);

@@ -49,7 +49,7 @@ static void random_tokens(int *x, size_t n, int V, uint64_t *rng) {
 }
 
 static double loss_at(Model *m, const int *in, const int *tg, int B, int T) {
-    model_forward(m, in, tg, B, T);
+    model_forward(m, in, tg, B, T, 0);
     return m->loss;
 }
 
@@ -78,7 +78,7 @@ static void check_gradients(const char *name, Config cfg) {
     random_tokens(in, N, cfg.V, &rng);
     random_tokens(tg, N, cfg.V, &rng);
     model_zero_grad(&m);
-    model_forward(&m, in, tg, B, T);
+    model_forward(&m, in, tg, B, T, 0);
     model_backward(&m, (real)(1.0 / N));
     real *grad = (real *)malloc_check(m.nparams * sizeof(real));
     memcpy(grad, m.grads_mem, m.nparams * sizeof(real));
@@ -229,7 +229,7 @@ static void check_naive(const char *name, Config cfg) {
     random_tokens(tg, N, cfg.V, &rng);
     double *nl = (double *)malloc_check(N * cfg.V * sizeof(double));
     double naive = naive_loss(&m, in, tg, B, T, 1, nl);
-    model_forward(&m, in, tg, B, T);
+    model_forward(&m, in, tg, B, T, 0);
     double worst = 0;
     for (size_t i = 0; i < N * cfg.V; i++) {
         double e = fabs(m.acts.logits[i] - nl[i]) / fmax(fabs(nl[i]), 1.0);
@@ -549,7 +549,7 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
     float *ggrads = (float *)malloc_check(m.nparams * sizeof(float));
     double gloss = P->forward_backward(g, in, tg, B, T, glogits, ggrads);
     model_zero_grad(&m);
-    model_forward(&m, in, tg, B, T);
+    model_forward(&m, in, tg, B, T, 0);
     double closs = m.loss;
     double lerr = fabs(gloss - closs) / fabs(closs);
     double gerr_logits = rel_err(glogits, m.acts.logits, N * cfg.V);   // before backward reuses the buffer
@@ -583,7 +583,7 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
         double gn = 0;
         lastg = P->train_step(g, in, tg, B, T, lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step + 1, &gn);
         model_zero_grad(&c);
-        model_forward(&c, in, tg, B, T);
+        model_forward(&c, in, tg, B, T, 0);
         model_backward(&c, (real)(1.0 / N));
         double norm = grad_norm(&c);
         float gscale = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;

@@ -589,6 +589,8 @@ typedef struct {
     int *inputs, *targets;          // the current batch (B, T)
     int B, T;                       // shape of the last forward
     real loss;                      // mean loss of the last forward with targets
+    real ce_dloss;                  // the dloss with which the last forward already wrote dlogits over the
+                                    // logits; 0: model_backward runs crossentropy_backward
 } Model;
 
 // Allocate parameters and gradients and set them to SPEC section 6's
@@ -783,13 +785,20 @@ static void site_backward(Model *m, int j, size_t N) {
 
 // Forward pass on inputs (B, T). With targets, also the softmax, the per-position
 // losses and their mean in m->loss; without, it stops at the logits (sampling).
-void model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
+// dloss: 0 when no backward follows (evaluation, sampling) or when the caller
+// wants the logits; else the dloss of the model_backward that comes next. Then
+// the cross-entropy's backward runs here, right after its forward, and the
+// logits buffer holds dlogits afterwards; model_backward skips that step. The
+// arithmetic is the same either way; train_mhar.cu fuses the two into one
+// kernel (one pass over the logits), and this mirrors its contract.
+void model_forward(Model *m, const int *inputs, const int *targets, int B, int T, real dloss) {
     const Config *c = &m->cfg;
     if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
     if (B > m->maxB || T > m->maxT || T > c->T) {
         die("batch %dx%d exceeds the %dx%d the activations were sized for", B, T, m->maxB, m->maxT);
     }
     m->B = B; m->T = T;
+    m->ce_dloss = 0;
     Acts *a = &m->acts;
     ParamTensors *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
@@ -815,6 +824,11 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     if (targets == NULL) { return; }
     memcpy(m->targets, targets, N * sizeof(int));
     crossentropy_forward(a->losses, a->probs, a->logits, targets, N, c->V);
+    if (dloss != 0) {   // model_backward's first step: dlogits over the logits
+        memset(a->logits, 0, N * c->V * sizeof(real));
+        crossentropy_backward(a->logits, a->probs, targets, dloss, N, c->V);
+        m->ce_dloss = dloss;
+    }
     double sum = 0;
     for (size_t n = 0; n < N; n++) { sum += a->losses[n]; }
     m->loss = (real)(sum / N);
@@ -824,7 +838,8 @@ void model_zero_grad(Model *m) { memset(m->grads_mem, 0, m->nparams * sizeof(rea
 
 // Backward pass of the last forward; adds into m->grads. dloss scales each
 // position's loss: 1/(B*T) for the mean, divided again by the number of
-// accumulated micro-batches. The logits buffer is reused for dlogits.
+// accumulated micro-batches. The logits buffer is reused for dlogits (already
+// written by the forward when it was given this dloss: m->ce_dloss).
 void model_backward(Model *m, real dloss) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -835,8 +850,13 @@ void model_backward(Model *m, real dloss) {
     memset(g->dslots, 0, (2 * L + 1) * N * C * sizeof(real));
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     real *dlogits = a->logits;   // the logits are spent: reuse their buffer
-    memset(dlogits, 0, N * c->V * sizeof(real));
-    crossentropy_backward(dlogits, a->probs, m->targets, dloss, N, c->V);
+    if (m->ce_dloss == 0) {
+        memset(dlogits, 0, N * c->V * sizeof(real));
+        crossentropy_backward(dlogits, a->probs, m->targets, dloss, N, c->V);
+    } else if (m->ce_dloss != dloss) {
+        die("internal: model_backward with dloss %g after a forward given dloss %g", (double)dloss, (double)m->ce_dloss);
+    }
+    m->ce_dloss = 0;
     real *uf = a->ln + 2 * L * N * C;
     memset(g->dln, 0, N * C * sizeof(real));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);

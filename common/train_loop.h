@@ -1,7 +1,8 @@
 // The training loop, shared by both trainers: learning-rate schedule,
 // validation, sampling and main's loop. A trainer includes this header after
 // its model code. Besides the model functions (model_build, model_load,
-// model_forward, model_backward, model_zero_grad, grad_norm, adamw_update,
+// model_forward (its last argument dloss is 0, or the dloss of the
+// model_backward that follows), model_backward, model_zero_grad, grad_norm, adamw_update,
 // model_save, model_free, and the Model struct with cfg, nparams and loss),
 // it defines these hooks for what differs between the CPU and the GPU:
 //   void device_init(char *desc, size_t n)   set up, describe the hardware ("2 threads")
@@ -32,7 +33,7 @@ static float evaluate(Model *m, DataLoader *dl, int n) {
     double sum = 0;
     for (int i = 0; i < n; i++) {
         dataloader_next(dl);
-        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T);
+        model_forward(m, dl->inputs, dl->targets, dl->B, dl->T, 0);   // 0: no backward follows
         sum += m->loss;
     }
     return (float)(sum / n);
@@ -48,7 +49,7 @@ static void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint6
     seq[0] = eot;
     printf("--- sample ---\n");
     for (int t = 1; t <= len; t++) {
-        model_forward(m, seq, NULL, 1, t);
+        model_forward(m, seq, NULL, 1, t, 0);
         model_logits_row(m, t - 1, logits);
         // draw from softmax(logits): inverse CDF with one uniform number
         float maxv = -INFINITY;
@@ -128,8 +129,9 @@ static int train_main(int argc, char **argv) {
         double loss = 0;
         for (int micro = 0; micro < accum; micro++) {
             dataloader_next(&train);
-            model_forward(&model, train.inputs, train.targets, B, T);
-            model_backward(&model, 1.0 / ((double)B * T * accum));   // d mean-loss / d each position's loss
+            double dloss = 1.0 / ((double)B * T * accum);   // d mean-loss / d each position's loss
+            model_forward(&model, train.inputs, train.targets, B, T, dloss);   // the cross-entropy's backward
+            model_backward(&model, dloss);                                      // runs in the forward
             loss += model.loss;
         }
         loss /= accum;

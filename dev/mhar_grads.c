@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     dataloader_init(&dl, shard, B, cfg->T, cfg->V);
     dataloader_next(&dl);
     model_zero_grad(&m);
-    model_forward(&m, dl.inputs, dl.targets, B, cfg->T);
+    model_forward(&m, dl.inputs, dl.targets, B, cfg->T, 0);
     model_backward(&m, (real)(1.0 / ((double)B * cfg->T)));
     CkptInfo info = {0};
     info.content = CKPT_PARAMS; info.elem = 4;

@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
     double loss = 0;
     for (int b = 0; b < nbatches; b++) {
         dataloader_next(&dl);
-        model_forward(&m, dl.inputs, dl.targets, B, T);
+        model_forward(&m, dl.inputs, dl.targets, B, T, 0);
         loss += m.loss;
         for (int j = 0; j < J; j++) {
             int n = (int)(m.pair_off[j + 1] - m.pair_off[j]);

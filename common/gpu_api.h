@@ -11,9 +11,11 @@
 //                  array params (checkpoint layout, param_count(cfg) floats),
 //                  with activations for batches up to maxB x maxT
 //   forward_backward  zero the gradients, forward on inputs/targets (B, T),
-//                  backward with dloss = 1/(B*T); returns the mean loss and
-//                  copies back the logits (B*T, V) and the gradients
-//                  (checkpoint layout) as float; either may be NULL
+//                  backward with dloss = 1/(B*T), as a training step does
+//                  (the cross-entropy's backward fused into the forward);
+//                  returns the mean loss and copies back the logits (B*T, V),
+//                  from a forward without targets just before, and the
+//                  gradients (checkpoint layout) as float; either may be NULL
 //   train_step     one optimizer step of the trainer's loop on one
 //                  micro-batch: forward, backward, global-norm clipping at
 //                  clip (0 = off), AdamW with learning rate lr at step t

@@ -646,17 +646,22 @@ __global__ void qknorm_rope_backward_kernel(floatX *dinp, float *partial, const 
     }
 }
 
-// The head dims of the packed kernels: G = HD/PACK lanes per row, a power of two from 2 to 32
+// Whether the packed kernels compile at HD: G = HD/PACK lanes per row, a power of two from 2 to 32
 constexpr bool qk_packed_fits(int HD) {
     return HD % (2 * PACK) == 0 && HD / PACK <= 32 && 32 % (HD / PACK) == 0;
 }
+
+// A compiled head dim, passed to qk_packed_dispatch's f
 template <int HD> struct QkDim { static constexpr int hd = HD; };
+
+// f(QkDim<HD>()) where the packed kernels compile at HD (returns true), else nothing (false)
 template <int HD, typename F> bool qk_packed_call(F f) {
     if constexpr (qk_packed_fits(HD)) { f(QkDim<HD>()); return true; }
     return false;
 }
-// Calls f(QkDim<HD>()) and returns 1 when the packed kernels run at HD and every
-// pointer or-ed into ptr_bits is 16-byte aligned; returns 0 otherwise.
+
+// Calls f(QkDim<HD>()) and returns true when the packed kernels run at HD and
+// every pointer or-ed into ptr_bits is 16-byte aligned; returns false otherwise.
 template <typename F> bool qk_packed_dispatch(int HD, uintptr_t ptr_bits, F f) {
     if (ptr_bits % 16 != 0) { return false; }
     switch (HD) {

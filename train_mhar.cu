@@ -207,12 +207,6 @@ void cast(Tout *out, const Tin *in, size_t n) {
     launchCheck();
 }
 
-// a (n) += b (n), fp32
-__global__ void accumulate_kernel(float *a, const float *b, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { a[i] += b[i]; }
-}
-
 // Deterministic per-channel sums over many rows: a kernel writes one partial
 // per (partition of rows, channel); a second sums the partitions in order.
 // Row partitions hold at least 64 rows and there are at most RED_PARTS_MAX.
@@ -240,8 +234,11 @@ __global__ void reduce_partials_kernel(float *dw, const float *partial, int P, i
 //   forward   out  (N, OC)  = inp (N, IC) . W^T     <=>  out^T  = W^T(op T) . inp^T
 //   backward  dinp (N, IC) += dout (N, OC) . W      <=>  dinp^T += W^T . dout^T
 //             dW   (OC, IC) += dout^T . inp         <=>  dW^T   += inp^T . dout
-// Inputs are floatX; the gradients accumulate (beta 1): dW in fp32, dinp in
-// fp32 or, where its consumer reads floatX, in floatX (attention's datty).
+// Inputs are floatX; dW accumulates (beta 1) in fp32. dinp, in fp32 or, where
+// its consumer reads floatX, in floatX (attention's datty), accumulates with
+// DINP_ADD (+=) or is overwritten with DINP_SET (=, beta 0: its old contents,
+// even NaN, are never read), which saves zeroing it first: the first matmul
+// into a gradient buffer sets it, the later ones add.
 
 // out (N, OC) = inp (N, IC) . weight^T, weight (OC, IC)
 void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t N, int IC, int OC) {
@@ -250,15 +247,17 @@ void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t
                              inp, CUDA_FLOATX, IC, &zero_f, out, CUDA_FLOATX, OC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
 }
 
-// dinp (N, IC) += dout . weight (Tdinp: float or floatX);  dweight (OC, IC) += dout^T . inp (fp32)
+enum { DINP_SET = 0, DINP_ADD = 1 };
+// dinp (N, IC) = or += dout . weight (dinp_mode DINP_SET or DINP_ADD; Tdinp: float or floatX);
+// dweight (OC, IC) += dout^T . inp (fp32)
 template <typename Tdinp>
 void matmul_backward(Tdinp *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
-                     size_t N, int IC, int OC) {
+                     size_t N, int IC, int OC, int dinp_mode) {
     // out[n][o] = sum_i inp[n][i] * weight[o][i]
-    const float one = 1.0f;
+    const float one = 1.0f, beta_dinp = dinp_mode == DINP_ADD ? 1.0f : 0.0f;
     const cudaDataType dinp_type = sizeof(Tdinp) == sizeof(float) ? CUDA_R_32F : CUDA_FLOATX;
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight, CUDA_FLOATX, IC,
-                             dout, CUDA_FLOATX, OC, &one, dinp, dinp_type, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+                             dout, CUDA_FLOATX, OC, &beta_dinp, dinp, dinp_type, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, CUDA_FLOATX, IC,
                              dout, CUDA_FLOATX, OC, &one, dweight, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
 }
@@ -321,8 +320,12 @@ void encoder_backward(float *dwte, const float *dout, const int *inp, size_t N, 
 }
 
 // ----------------------------------------------------------------------------
-// RMSNorm, used for the pre-norms (vectors of C), the final norm, and QK-norm
-// (each head's vector of HD, weights shared across heads). One warp per row.
+// RMSNorm of the pre-norms and the final norm (vectors of C; QK-norm has its
+// own fused kernels below). std mode: rmsnorm_forward normalises the embedding
+// (site 0), and every later site's norm is fused with the residual add before
+// it (residual_norm_forward); the backward adds into the one running gradient
+// of the residual stream (rmsnorm_backward_residual). mhar mode: route_forward
+// applies the forward norm, rmsnorm_apply recomputes it for the backward.
 
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
     size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -343,56 +346,168 @@ void rmsnorm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *
     launchCheck();
 }
 
-template <typename Tout>
-__global__ void rmsnorm_backward_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
-                                        const floatX *w, size_t N, int D) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    const floatX *x = inp + n * D;
-    const float *g = dout + n * D;
-    float s = rstd[n], gwx = 0.0f;
-    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
-    gwx = warp_sum(gwx);
-    for (int i = lane; i < D; i += 32) {
-        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
-        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
+// The residual stream's row kernels (std mode; the forward one also serves the
+// chained slots of block mode): one warp per row of C channels. Lane l holds
+// the packs l, l + 32, ... (NP of them) of RVEC floatX values each: 16-byte
+// loads when C and the pointers allow (RVEC = 8 in bf16, 4 in fp32), else one
+// value a pack. The row stays in registers between the reduction and its use.
+// Lab: dev/cuda/residual.cu (v2).
+template <int VEC> struct alignas(VEC * sizeof(floatX) < 16 ? VEC * sizeof(floatX) : 16) RowX { floatX x[VEC]; };
+template <int VEC> struct alignas(VEC * 4 < 16 ? VEC * 4 : 16) RowF { float x[VEC]; };
+template <int VEC, int NP> struct RowLanes { static constexpr int vec = VEC, np = NP; };
+#define RVEC (16 / (int)sizeof(floatX))
+
+// Calls f(RowLanes<VEC, NP>()) with VEC = RVEC when C and the pointers (16-byte
+// alignment) allow it, else 1, and NP the packs per lane rounded up to 1, 2, 4,
+// 8 or 16. Dies past that: C > 16 * 32 * VEC (4096 in bf16, 2048 in fp32, 512
+// for widths that RVEC does not divide).
+template <typename F> void row_dispatch(int C, bool aligned, F f) {
+    const bool packs = aligned && C % RVEC == 0;
+    const int np = (int)ceil_div(C, 32 * (packs ? RVEC : 1));
+    if (np > 16) { die("C = %d is too wide for the residual-stream kernels", C); }
+#define ROW_CASES(V)                                                                           \
+    if (np <= 1) { f(RowLanes<V, 1>()); } else if (np <= 2) { f(RowLanes<V, 2>()); }         \
+    else if (np <= 4) { f(RowLanes<V, 4>()); } else if (np <= 8) { f(RowLanes<V, 8>()); }     \
+    else { f(RowLanes<V, 16>()); }
+    if (packs) { ROW_CASES(RVEC) } else { ROW_CASES(1) }
+#undef ROW_CASES
+}
+inline bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
+
+// One thread per pack of VEC values: u = (h * rstd[n]) * w in fp32, rounded once.
+template <int VEC>
+__global__ void rmsnorm_apply_kernel(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i >= N * C) { return; }
+    const size_t n = i / C;
+    const int c = (int)(i % C);
+    const float s = rstd[n];
+    RowX<VEC> hp = *reinterpret_cast<const RowX<VEC> *>(h + i), o;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(toF(hp.x[k]) * s * toF(w[c + k])); }
+    *reinterpret_cast<RowX<VEC> *>(u + i) = o;
+}
+
+// u (N, C) = h * rstd * w with the rstd (N) stored by the forward pass: the last
+// step of route_forward_kernel, the same float operations in the same order on
+// the same (stored) h, so u comes out bit for bit as the forward's. mhar mode
+// keeps one u buffer and recomputes u_j just before sublayer j's backward.
+void rmsnorm_apply(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
+    if (C % RVEC == 0 && aligned16(u) && aligned16(h)) {
+        rmsnorm_apply_kernel<RVEC><<<ceil_div(N * C / RVEC, 256), 256>>>(u, h, rstd, w, N, C);
+    } else { rmsnorm_apply_kernel<1><<<ceil_div(N * C, 256), 256>>>(u, h, rstd, w, N, C); }
+    launchCheck();
+}
+
+// Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
+// of them. Per row: d = dL/dx of u = rmsnorm(x; w) given du; dres = d (+ dres
+// when add), and its floatX copy dcopy (when not NULL). The block's share of
+// dw[c] = sum_n du x rstd, summed per lane over its rows in order, then over
+// the 8 warps in order through shared memory, goes to partial[b] (C).
+template <int VEC, int NP>
+__global__ void __launch_bounds__(256)
+rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, const float *du, const floatX *x,
+                                 const float *rstd, const floatX *w, size_t N, int C, int R, int add) {
+    __shared__ float red[8][32 * VEC];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float wf[NP][VEC], acc[NP][VEC];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { wf[p][k] = c0 < C ? toF(w[c0 + k]) : 0.0f; acc[p][k] = 0.0f; }
+    }
+    const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
+    for (size_t n = n0 + warp; n < n1; n += 8) {
+        float xf[NP][VEC], g[NP][VEC], gwx = 0.0f;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            RowX<VEC> xp = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+            RowF<VEC> gp = *reinterpret_cast<const RowF<VEC> *>(du + n * C + c0);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { xf[p][k] = toF(xp.x[k]); g[p][k] = gp.x[k]; gwx += g[p][k] * wf[p][k] * xf[p][k]; }
+        }
+        gwx = warp_sum(gwx);
+        const float s = rstd[n], k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            RowF<VEC> r;
+            if (add) { r = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float d = s * g[p][k] * wf[p][k] - k3 * xf[p][k];
+                r.x[k] = add ? r.x[k] + d : d;
+                acc[p][k] += g[p][k] * xf[p][k] * s;
+            }
+            *reinterpret_cast<RowF<VEC> *>(dres + n * C + c0) = r;
+            if (dcopy) {
+                RowX<VEC> o;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(r.x[k]); }
+                *reinterpret_cast<RowX<VEC> *>(dcopy + n * C + c0) = o;
+            }
+        }
+    }
+    // the block's dw share: chunk p of 32 VEC channels at a time, warps summed in order
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        __syncthreads();   // red may still be read for chunk p - 1
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { red[warp][lane * VEC + k] = acc[p][k]; }
+        __syncthreads();
+        for (int i = threadIdx.x; i < 32 * VEC; i += blockDim.x) {
+            const int c = p * 32 * VEC + i;
+            if (c >= C) { continue; }
+            float t = 0.0f;
+            for (int ww = 0; ww < 8; ww++) { t += red[ww][i]; }
+            partial[(size_t)blockIdx.x * C + c] = t;
+        }
     }
 }
 
-// partial (P, D): partition p's sum over its rows n of dout[n][i] * x[n][i] * rstd[n].
-// Block (32 channels) x (8 row lanes); the 8 lanes are summed in order.
-__global__ void rmsnorm_dw_partial_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
-                                          size_t N, int D, int rows_per_part) {
-    __shared__ float acc[8][33];
-    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
-    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
-    float s = 0.0f;
+// dw (D) += sum over the P partials of partial (P, D), in a fixed order. Block
+// (32 channels) x (32 partial lanes): lane y sums partials y, y + 32, ... in
+// order (independent loads), then the 32 lane sums are added in lane order.
+// Grid ceil(D / 32).
+__global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, const float *partial, int P, int D) {
+    __shared__ float s[32][33];
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    float t = 0.0f;
     if (i < D) {
-        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
+        for (int p = threadIdx.y; p < P; p += 32) { t += partial[(size_t)p * D + i]; }
     }
-    acc[threadIdx.y][threadIdx.x] = s;
+    s[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
     if (threadIdx.y == 0 && i < D) {
-        float t = 0.0f;
-        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
-        partial[(size_t)p * D + i] = t;
+        float sum = 0.0f;
+        for (int y = 0; y < 32; y++) { sum += s[y][threadIdx.x]; }
+        dw[i] += sum;
     }
 }
 
-// dinp (N, D) += ... (the pre-norms: fp32; QK-norm has its own fused kernel);  dw (D) += ...
-// partial: scratch of RED_PARTS_MAX * D floats.
-template <typename Tout>
-void rmsnorm_backward(Tout *dinp, float *dw, const float *dout, const floatX *inp, const float *rstd,
-                      const floatX *w, size_t N, int D, float *partial) {
-    // out[i] = x[i] * s * w[i], with s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / D
-    rmsnorm_backward_kernel<Tout><<<ceil_div(N, 8), 256>>>(dinp, dout, inp, rstd, w, N, D);
+// Backward of u = rmsnorm(x; w) (N, C) on the residual stream (std), given
+// du = dL/du (fp32):
+//   dres (N, C) fp32 = (add ? dres : 0) + dL/dx   (dres: the running gradient
+//                      of the residual stream, one buffer for all the sites)
+//   dcopy (N, C)     = floatX copy of the new dres, which the matmul backwards
+//                      of the sublayer before read as its dout (NULL: none)
+//   dw (C)          += dL/dw, from per-block partials (scratch partial,
+//                      RED_PARTS_MAX * C floats) summed in a fixed order.
+void rmsnorm_backward_residual(float *dres, floatX *dcopy, float *dw, const float *du, const floatX *x,
+                               const float *rstd, const floatX *w, size_t N, int C, int add, float *partial) {
+    // u[i] = x[i] s w[i], s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / C:
+    // dx[i] = s du[i] w[i] - s^3 / C (sum_k du[k] w[k] x[k]) x[i];  dw[i] = sum_n du[i] x[i] s
+    const int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+    row_dispatch(C, aligned16(dres) && aligned16(dcopy) && aligned16(du) && aligned16(x), [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+        rmsnorm_backward_residual_kernel<VEC, NP><<<P, 256>>>(dres, dcopy, partial, du, x, rstd, w, N, C, R, add);
+    });
     launchCheck();
-    // dw[i] = sum_n dout[n][i] * x[n][i] * s[n]: partials per row partition, then summed in order
-    int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
-    rmsnorm_dw_partial_kernel<<<dim3(ceil_div(D, 32), P), dim3(32, 8)>>>(partial, dout, inp, rstd, N, D, R);
-    launchCheck();
-    reduce_partials_kernel<<<ceil_div(D, 256), 256>>>(dw, partial, P, D);
+    rmsnorm_dw_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, partial, P, C);
     launchCheck();
 }
 
@@ -1701,17 +1816,63 @@ void swiglu_backward(floatX *dg, floatX *du, const float *dout, const floatX *g,
 }
 
 // ----------------------------------------------------------------------------
-// Slots: out = a + b (b may be NULL: a plain copy). Writes slot j+1 from the
-// output of sublayer j (config.h explains the slots). Its backward is the
-// pass-through of dslots in model_backward.
+// Slots (config.h explains them): slot j+1 = out_j, the output of sublayer j,
+// plus slot j when slot_chains(j). A slot that does not chain is written by
+// the sublayer's last matmul itself (model_forward). A chained slot is written
+// by residual_norm_forward, which computes in the same pass what the next step
+// needs: in std mode the next site's pre-norm u_{j+1} and its rstd, in block
+// mode the source statistic r of the new slot. The backward of the add is the
+// pass-through of the slot gradient in model_backward.
 
-__global__ void residual_forward_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = b ? fromF<floatX>(toF(a[i]) + toF(b[i])) : a[i]; }
+// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX,
+// s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded y, stat[n] = s, and when u is
+// not NULL u = y * s * w. The sum y is computed as residual_forward does.
+template <int VEC, int NP>
+__global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out,
+                                             const floatX *w, size_t N, int C) {
+    const size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    float v[NP][VEC], ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+        if (c0 >= C) { continue; }
+        RowX<VEC> a = *reinterpret_cast<const RowX<VEC> *>(out + n * C + c0);
+        RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k]));
+            v[p][k] = toF(a.x[k]);
+            ss += v[p][k] * v[p][k];
+        }
+        *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
+    }
+    ss = warp_sum(ss);
+    const float s = 1.0f / sqrtf(ss / C + 1e-6f);
+    if (lane == 0) { stat[n] = s; }
+    if (u == NULL) { return; }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+        if (c0 >= C) { continue; }
+        RowX<VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(v[p][k] * s * toF(w[c0 + k])); }
+        *reinterpret_cast<RowX<VEC> *>(u + n * C + c0) = o;
+    }
 }
 
-void residual_forward(floatX *out, const floatX *a, const floatX *b, size_t n) {
-    residual_forward_kernel<<<ceil_div(n, 256), 256>>>(out, a, b, n);
+// y (N, C) = x + out, the next slot, and the statistic of y in the same pass:
+// with w, u (N, C) = rmsnorm(y; w) and stat = its rstd (std: the residual add
+// fused with the next site's pre-norm); with u = w = NULL, stat = r, the source
+// statistic of source_stat_forward (the chained slots of block mode).
+void residual_norm_forward(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out, const floatX *w,
+                           size_t N, int C) {
+    row_dispatch(C, aligned16(y) && aligned16(u) && aligned16(x) && aligned16(out), [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+        residual_norm_forward_kernel<VEC, NP><<<ceil_div(N, 8), 256>>>(y, u, stat, x, out, w, N, C);
+    });
     launchCheck();
 }
 
@@ -1918,7 +2079,8 @@ void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n)
 // order, e = qg . v_i per head, s = r_i e, and an online-softmax update of the
 // running max m, sum l and unnormalised mix acc (fp32 registers); source i+1 is
 // loaded before source i is used. Then h = acc / l, lse = m + log l, and the
-// site's RMSNorm: u = h * rstd * g.
+// site's RMSNorm: u = h * rstd * g, from h rounded to floatX as it is stored
+// (rstd from the fp32 h).
 template <int VEC, int NCH>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
@@ -1991,11 +2153,13 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
         if (c0 >= C) { continue; }
-        float gw[VEC], uu[VEC];
+        // u from h as stored (rounded to floatX), so that rmsnorm_apply can
+        // recompute it bit for bit from h and rstd in backward
+        float gw[VEC], hq[VEC], uu[VEC];
         ld_param(gw, g, c0, C);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) { uu[k] = acc[ch][k] * rs * gw[k]; }
-        st_lane(hout + (size_t)t * C + c0, acc[ch]);
+        for (int k = 0; k < VEC; k++) { hq[k] = toF(fromF<floatX>(acc[ch][k])); uu[k] = hq[k] * rs * gw[k]; }
+        st_lane(hout + (size_t)t * C + c0, hq);
         st_lane(uout + (size_t)t * C + c0, uu);
         if (c0 % HC == 0) { lse[(size_t)t * H + c0 / HC] = m[ch] + logf(l[ch]); }
     }
@@ -2589,7 +2753,9 @@ typedef struct {
                       //            the weights a = exp(s - lse) are recomputed in backward
     float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
     floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
-    floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
+    floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm. mhar: one (N, C)
+                    //            buffer, u of the last site written; the backward recomputes u_j
+                    //            into it from h_j and rstd_j (rmsnorm_apply)
     float *ln_rstd; // (J, N)     fp32
     floatX *qr;     // (L, N, QD)  Wq u, before QK-norm
     floatX *kr;     // (L, N, KVD)
@@ -2603,7 +2769,8 @@ typedef struct {
     floatX *mg;     // (L, N, F)  gate pre-activation Wg u
     floatX *mu;     // (L, N, F)  up projection Wu u
     floatX *mh;     // (L, N, F)  silu(mg) * mu
-    floatX *out;    // (N, C)  output of the current sublayer (scratch)
+    floatX *out;    // (N, C)  output of the current sublayer when its slot chains (scratch; else the
+                    //         sublayer writes its slot directly, and full mhar has none)
     floatX *logits; // (N, V)  (dlogits in backward)
     float *losses;  // (N)  fp32 (the CPU keeps probs and losses outside Acts)
     float *ce_lse;  // (N)  fp32 log-sum-exp of the logits
@@ -2613,9 +2780,9 @@ typedef struct {
 // fp32 unless marked floatX (those are inputs of matmul backwards).
 #define NUM_GRAD_ACT_TENSORS 19
 typedef struct {
-    float *dslots;  // gradient of the slots. std: (J, N, C), each norm backward adds into its slot's
-                    // row. mhar: (N, C), one slot at a time, from slot 2L down to slot 0:
-                    // route_slot_backward turns dslot j+1 into dslot j in place
+    float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
+                    // running gradient of the residual stream, dL/dx_j after site j's norm backward
+                    // added into it; mhar: route_slot_backward turns dslot j+1 into dslot j in place
     float *dln;     // (N, C)  gradient of the normalised input u_j
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
     floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
@@ -2769,19 +2936,21 @@ void model_alloc_acts(Model *m, int B, int T) {
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
     int mhar = c->mode == RES_MHAR;
     size_t pairs = mhar ? m->pair_off[J] : 0;
+    int any_chain = 0;   // does some slot chain (std, block mode)? Then a->out is needed
+    for (size_t j = 0; j + 1 < J; j++) { any_chain |= slot_chains(c, (int)j); }
     Acts *a = &m->acts;
     const size_t X = sizeof(floatX), S = sizeof(float);
     TensorSpec as[NUM_ACT_TENSORS] = {
         {(void **)&a->slots, J * N * C, X}, {(void **)&a->slot_r, mhar ? J * N : 0, S},
         {(void **)&a->route_lse, mhar ? J * N * c->H : 0, S}, {(void **)&a->route_qg, mhar ? J * C : 0, S},
         {(void **)&a->h, mhar ? J * N * C : 0, X},
-        {(void **)&a->ln, J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
+        {(void **)&a->ln, mhar ? N * C : J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
         {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
         {(void **)&a->q, L * N * QD, X}, {(void **)&a->k, L * N * KVD, X}, {(void **)&a->v, L * N * KVD, X},
         {(void **)&a->q_rstd, L * N * c->NH, S}, {(void **)&a->k_rstd, L * N * c->NKV, S},
         {(void **)&a->att_lse, L * N * c->NH, S}, {(void **)&a->atty, L * N * QD, X},
         {(void **)&a->mg, L * N * F, X}, {(void **)&a->mu, L * N * F, X}, {(void **)&a->mh, L * N * F, X},
-        {(void **)&a->out, N * C, X}, {(void **)&a->logits, N * c->Vp, X},
+        {(void **)&a->out, any_chain ? N * C : 0, X}, {(void **)&a->logits, N * c->Vp, X},
         {(void **)&a->losses, N, S}, {(void **)&a->ce_lse, N, S}};
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
@@ -2790,7 +2959,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
     if (mhar && ceil_div(N, ROUTE_PART_ROWS) * J > route_parts) { route_parts = ceil_div(N, ROUTE_PART_ROWS) * J; }
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
-        {(void **)&g->dslots, mhar ? N * C : J * N * C, S}, {(void **)&g->dln, N * C, S},
+        {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
         {(void **)&g->dq, N * QD, S}, {(void **)&g->dqr, N * QD, X},
         {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
@@ -2835,7 +3004,8 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
     matmul_forward(out, atty, p->wo + l * C * QD, N, QD, C);
 }
 
-// dln (N, C) += gradient of the input u, given dout (floatX); weight grads +=
+// dln (N, C) = gradient of the input u (set by the first matmul, then added
+// to), given dout (floatX); weight grads +=
 void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -2853,8 +3023,7 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     // anyway, and their D = rowsum(datty * atty) then comes from the very
     // values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
     prof("bwd matmul o");
-    zero(g->datty, N * QD * sizeof(floatX));
-    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
+    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C, DINP_SET);
     // atty = attention(q, k, v): writes dq, dk (fp32, from fp32 accumulators:
     // no rounding before RoPE and the QK-norm backward, whose projection
     // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it)
@@ -2869,9 +3038,9 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
                          B, T, c->NKV, HD, g->partial);
     prof("bwd matmul qkv");
     // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
-    matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD);
-    matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD);
-    matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD);
+    matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD, DINP_SET);
+    matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD, DINP_ADD);
+    matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD, DINP_ADD);
 }
 
 // MLP sublayer of block l: out (N, C) = Wd (silu(Wg u) * (Wu u))
@@ -2890,6 +3059,7 @@ void mlp_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, 
     matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
 }
 
+// dln (N, C) = gradient of the input u (set, then added to), given dout; weight grads +=
 void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -2900,38 +3070,50 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout,
     floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
     // out = mh Wd^T
     prof("bwd matmul down");
-    zero(g->dmh, N * F * sizeof(float));
-    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C);
+    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C, DINP_SET);
     // mh = silu(mg) * mu   (writes dmg, dmu)
     prof("bwd swiglu");
     swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
     // mg = u Wg^T, mu = u Wu^T
     prof("bwd matmul gate/up");
-    matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F);
-    matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F);
+    matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F, DINP_SET);
+    matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F, DINP_ADD);
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
-// std: slot j's row of dslots. mhar: the one (N, C) buffer, which holds the
-// gradient of the slot that model_backward is at.
-#define DSLOT(j) (m->gacts.dslots + (m->cfg.mode == RES_STD ? (size_t)(j) * N * C : 0))
+// u_j: std keeps every site's; mhar one buffer (Acts.ln)
+#define ULN(j) (a->ln + (m->cfg.mode == RES_STD ? (size_t)(j) * N * C : 0))
 #define SITE_SRC(j) (m->site_src + (size_t)(j) * (2 * m->cfg.L + 1))
 #define SLOT_RD(k) (m->slot_rd + (size_t)(k) * (2 * m->cfg.L + 1))
 #define SLOT_RD_PAIR(k) (m->slot_rd_pair + (size_t)(k) * (2 * m->cfg.L + 1))
 
+// The norm weight of site j (C) and its gradient: ln1w of block j/2 before an
+// attention sublayer (j even), ln2w before an MLP (j odd), lnfw at j = 2L.
+const floatX *site_norm_w(Model *m, int j) {
+    const ParamTensors<floatX> *p = &m->params;
+    size_t C = m->cfg.C, l = j / 2;
+    return j == 2 * m->cfg.L ? p->lnfw : (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C;
+}
+float *site_norm_dw(Model *m, int j) {
+    ParamTensors<float> *dp = &m->grads;
+    size_t C = m->cfg.C, l = j / 2;
+    return j == 2 * m->cfg.L ? dp->lnfw : (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
+}
+
 // The normalised input u_j = rmsnorm(h_j; w) of sublayer j (j = 2L: of the LM
-// head), written into ln[j] with its rstd; returns u_j. std: h_j is the
-// residual stream x_j = slot j. mhar: h_j = route_j over the slots of site j's
-// sources, and route_forward applies the norm in the same kernel (keeping h_j
-// and lse_j for backward).
+// head), written into ULN(j) with its rstd; returns u_j. std: h_j is the
+// residual stream x_j = slot j; site 0 normalises the embedding here, and each
+// later site's norm was computed with its slot by residual_norm_forward. mhar:
+// h_j = route_j over the slots of site j's sources, and route_forward applies
+// the norm in the same kernel (keeping h_j and lse_j for backward).
 floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     size_t C = c->C;
-    floatX *u = a->ln + (size_t)j * N * C;
+    floatX *u = ULN(j);
     float *rstd = a->ln_rstd + (size_t)j * N;
     if (c->mode == RES_STD) {
-        rmsnorm_forward(u, rstd, SLOT(j), w, N, c->C);
+        if (j == 0) { rmsnorm_forward(u, rstd, SLOT(0), w, N, c->C); }
         return u;
     }
     route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * c->H, a->slots, a->slot_r,
@@ -2940,18 +3122,21 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 }
 
 // Backward of site j's u_j = rmsnorm(h_j; w), given g->dln = dL/du_j; adds the
-// norm weight's gradient into dw. std: h_j = slot j, so the norm backward adds
-// into dslot j. mhar: route_site_backward stores G_j = dL/dh_j and S_j. Every
-// site that reads slot j is >= j, so all of them have stored theirs by now:
-// route_slot_backward gathers slot j's gradient into dslots, over the dslot
-// j+1 it holds (added in when slot j+1 = out_j + slot j).
+// norm weight's gradient into dw. std: h_j = slot j = x_j, and x_{j+1} = x_j +
+// out_j, so dslots, which holds dL/dx_{j+1} (nothing at the last site), gets
+// the norm's dL/dx_j added and becomes dL/dx_j; the same kernel writes its
+// floatX copy g->dout, the dout of sublayer j-1. mhar: route_site_backward
+// stores G_j = dL/dh_j and S_j. Every site that reads slot j is >= j, so all of
+// them have stored theirs by now: route_slot_backward gathers slot j's gradient
+// into dslots, over the dslot j+1 it holds (added in when slot j+1 = out_j + slot j).
 void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
     size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1;
     if (c->mode == RES_STD) {
-        rmsnorm_backward(DSLOT(j), dw, g->dln, SLOT(j), a->ln_rstd + j * N, w, N, c->C, g->partial);
+        rmsnorm_backward_residual(g->dslots, j > 0 ? g->dout : NULL, dw, g->dln, SLOT(j), a->ln_rstd + j * N, w, N,
+                                  c->C, (size_t)j + 1 < J, g->partial);
         return;
     }
     prof("bwd route: site G, S");
@@ -2994,13 +3179,22 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
         prof("fwd route + norm");
-        floatX *u = site_forward(m, (int)j, N, (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C);
-        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, a->out, B, T); }
-        else { mlp_sublayer_forward(m, (int)l, u, a->out, B, T); }
-        // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
+        floatX *u = site_forward(m, (int)j, N, site_norm_w(m, (int)j));
+        // slot j+1 = output of sublayer j, plus slot j when they chain (config.h): the
+        // sublayer writes its output into slot j+1 itself when it does not chain
+        int chain = slot_chains(c, (int)j);
+        floatX *out = chain ? a->out : SLOT(j + 1);
+        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
+        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
         prof("fwd residual + r");
-        residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
-        if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
+        if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it
+            residual_norm_forward(SLOT(j + 1), ULN(j + 1), a->ln_rstd + (j + 1) * N, SLOT(j), out,
+                                  site_norm_w(m, (int)j + 1), N, c->C);
+        } else if (chain) {   // block sum: slot j+1 = out_j + slot j, and its r
+            residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
+        } else {
+            source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C);
+        }
     }
     prof("fwd route + norm");
     floatX *uf = site_forward(m, (int)(2 * L), N, p->lnfw);
@@ -3047,8 +3241,6 @@ void model_backward(Model *m, float dloss) {
     ParamTensors<float> *dp = &m->grads;
     int B = m->B, T = m->T;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
-    prof("bwd zero dslots");
-    if (c->mode == RES_STD) { zero(g->dslots, (2 * L + 1) * N * C * sizeof(float)); }   // mhar: written once per slot
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     floatX *dlogits = a->logits;   // the logits are spent: overwrite them in place
     if (m->ce_dloss == 0) {
@@ -3058,36 +3250,35 @@ void model_backward(Model *m, float dloss) {
         die("internal: model_backward with dloss %g after a forward given dloss %g", dloss, m->ce_dloss);
     }
     m->ce_dloss = 0;
-    floatX *uf = a->ln + 2 * L * N * C;
+    floatX *uf = ULN(2 * L);   // (mhar: the one u buffer still holds the final site's)
     prof("bwd matmul head");
-    zero(g->dln, N * C * sizeof(float));
-    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
+    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp, DINP_SET);
     // uf = rmsnorm(h_final; lnfw)
     prof("bwd route + norm");
     site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw);
     for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
         size_t j = (size_t)jj, l = j / 2;
-        // slot j+1 = out_j (+ slot j): every site reading slot j+1 is done, so dslot j+1 is complete
-        prof("bwd residual + cast");
-        float *dout = DSLOT(j + 1);
-        if (c->mode == RES_STD && slot_chains(c, (int)j)) {   // (mhar: route_slot_backward adds it)
-            accumulate_kernel<<<ceil_div(N * C, 256), 256>>>(DSLOT(j), dout, N * C);
-            launchCheck();
+        // slot j+1 = out_j (+ slot j): every site reading slot j+1 is done, so dslot j+1 is
+        // complete; it is dL/dout_j. std: site j+1's norm backward wrote its floatX copy g->dout,
+        // and dslots goes on to become dslot j in site j's (a chained slot passes its gradient on)
+        floatX *u = ULN(j);
+        if (c->mode == RES_MHAR) {   // (mhar: route_slot_backward adds the chained slot's gradient)
+            prof("bwd residual + cast");
+            float *dout = g->dslots;
+            cast(g->dout, dout, N * C);   // floatX copy for the matmul backwards
+            // u_j = rmsnorm(h_j; g_j), recomputed bit for bit into the one u buffer
+            prof("bwd recompute u");
+            rmsnorm_apply(u, a->h + j * N * C, a->ln_rstd + j * N, site_norm_w(m, (int)j), N, C);
         }
-        cast(g->dout, dout, N * C);   // floatX copy for the matmul backwards
-        floatX *u = a->ln + j * N * C;
-        zero(g->dln, N * C * sizeof(float));
         if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         // u = rmsnorm(h_j; g_j)
-        floatX *w = (j % 2 == 0 ? p->ln1w : p->ln2w) + l * C;
-        float *dw = (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
         prof("bwd route + norm");
-        site_backward(m, (int)j, N, w, dw);
+        site_backward(m, (int)j, N, site_norm_w(m, (int)j), site_norm_dw(m, (int)j));
     }
     // slot 0 = wte[inputs]
     prof("bwd encoder");
-    encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C, m->enc_scratch);
+    encoder_backward(dp->wte, g->dslots, m->inputs, N, c->C, m->enc_scratch);
     // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
     prof("bwd route params");
     if (c->mode == RES_MHAR) {
@@ -3096,7 +3287,7 @@ void model_backward(Model *m, float dloss) {
 }
 
 #undef SLOT
-#undef DSLOT
+#undef ULN
 #undef SITE_SRC
 #undef SLOT_RD
 #undef SLOT_RD_PAIR

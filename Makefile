@@ -104,7 +104,7 @@ train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
-LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise
+LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual
 dev/cuda/%: dev/cuda/%.cu
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 .PHONY: lab

@@ -435,7 +435,7 @@ rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, con
         for (int p = 0; p < NP; p++) {
             const int c0 = (lane + 32 * p) * VEC;
             if (c0 >= C) { continue; }
-            RowF<VEC> r;
+            RowF<VEC> r = {};
             if (add) { r = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
 #pragma unroll
             for (int k = 0; k < VEC; k++) {

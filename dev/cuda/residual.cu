@@ -1,0 +1,928 @@
+/*
+dev/cuda/residual.cu: kernel lab for the residual stream of the CUDA trainer's
+std mode (issue 5, "CUDA trainer speed"): the residual add x' = x + out fused
+with the next site's RMSNorm, and the norm's backward fused with the running
+gradient of the residual stream.
+
+Build (from the repository root; or `make lab`):
+    nvcc -O3 -arch=sm_90a -o dev/cuda/residual dev/cuda/residual.cu
+Run:
+    ./residual --cpu-selftest            the fp64 reference backward vs central differences; no GPU needed
+    ./residual --bytes                   byte counts and floors per step (100m); no GPU needed
+    ./residual --op OP --version N --check   version N of OP against the fp64 reference, twice
+                                             (the two runs must be bit-identical)
+    ./residual --op OP --version N --bench   version N of OP timed at the trainer's shapes
+    ./residual --all                     --check and --bench of every op and version
+  OP: fwd, bwd; without --op: both. Without --version: every version.
+  Neither --check nor --bench: both.
+  options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
+           --quick (--check on the small shapes only: for compute-sanitizer)
+
+The ops (SPEC section 4, std: x_{j+1} = x_j + f_j(rmsnorm(x_j; g_j))):
+  fwd   x, out (N, C) bf16 (slot j and the output of sublayer j), w (C) bf16:
+        y = x + out (bf16: slot j+1), u = rmsnorm(y; w) = y rstd w (bf16), rstd (N)
+        fp32, eps 1e-6. 100m: N = B*T = 32768, C = 512, 24 calls a step.
+  bwd   du (N, C) fp32 (dL/du of site j, from the matmul backwards), x (N, C) bf16
+        (slot j), rstd (N), w (C); dres (N, C) fp32 holds dL/dx_{j+1} on entry:
+        dres += dL/dx_j of the norm (dres becomes dL/dx_j), dcopy (N, C) bf16 =
+        dres (the dout of sublayer j-1's matmul backwards), dw (C) fp32 +=
+        sum_n du x rstd (deterministic). 24 calls a step (plus the final site).
+
+Versions:
+  fwd v1  the trainer before this lab: residual_forward_kernel (one element a
+          thread), then rmsnorm_forward_kernel (one warp per row, 2-byte loads).
+      v2  residual_norm_forward_kernel (train_mhar.cu): one warp per row, 16-byte
+          packs, the row in registers: y written, rstd from the rounded y, u written.
+          The same kernel with u = NULL writes r, the routing statistic of a
+          chained block-mode slot.
+  bwd v1  the trainer before this lab, per site: the site's row of the (J, N, C)
+          dslots zeroed (one memset a step in the trainer; 1/J of it here),
+          rmsnorm_backward_kernel adding into it, rmsnorm_dw_partial_kernel,
+          reduce_partials_kernel; then accumulate_kernel (dslot_j += dslot_{j+1})
+          and cast (the floatX dout).
+      v2  rmsnorm_backward_residual_kernel (train_mhar.cu): one pass per row,
+          16-byte packs: dres read, added to, written in place; dcopy written;
+          each block's dw share summed over its rows and warps in a fixed order
+          into a partial, then rmsnorm_dw_reduce_kernel (32 partial lanes per
+          channel, summed in lane order).
+  Also checked with fwd v2: rmsnorm_apply (u recomputed from the stored y and
+  rstd, as mhar mode's backward does from h_j) must give the forward's u bit
+  for bit.
+
+Tolerances (the check prints, per output, rel = max|gpu - ref| / max|ref|; PASS
+needs, for every element, |gpu - ref| <= rtol |ref| + atol max|ref|, and finite
+values). The reference computes in fp64 from the bf16 inputs, without rounding
+y to bf16:
+  - y: rtol 2^-8: one rounding of the fp32 sum to bf16 (at most 2^-9 relative).
+  - rstd: rtol 2^-8: the GPU normalises the rounded y (each value off by at
+    most 2^-9 relative, so the mean square by at most ~2^-8, its rsqrt by ~2^-9).
+  - u: rtol 2^-7: y's rounding (2^-9), rstd's (2^-9) and u's own (2^-9).
+  - dres (fp32): rtol 1e-5, atol 1e-5 max: fp32 arithmetic on one row (a sum of
+    C products, then s g w - s^3/C (g.wx) x, which cancels), no bf16 rounding.
+  - dcopy: rtol 2^-8 (dres rounded once), atol 1e-5 max.
+  - dw: rtol 1e-4, atol 1e-4 max (fp32 sums over up to 32768 rows of terms of
+    both signs).
+The rstd that bwd reads is the fp64 reference's, rounded to fp32.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <algorithm>
+
+// The trainer's bf16 build: the kernels copied from train_mhar.cu compile unchanged.
+typedef __nv_bfloat16 floatX;
+
+// ----------------------------------------------------------------------------
+// Checked CUDA calls, and the trainer's small helpers (train_mhar.cu)
+
+static void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+static void die(const char *msg, int C) { fprintf(stderr, "error: "); fprintf(stderr, msg, C); fprintf(stderr, "\n"); exit(1); }
+
+static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+static void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
+
+__device__ __host__ inline float toF(float x) { return x; }
+__device__ __host__ inline float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __host__ inline T fromF(float x);
+template <> __device__ __host__ inline float fromF<float>(float x) { return x; }
+template <> __device__ __host__ inline __nv_bfloat16 fromF<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Butterfly reduction: every lane ends with the same value, in a fixed order.
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }
+    return v;
+}
+
+#define RED_PARTS_MAX 512
+static int red_rows_per_part(size_t rows) {
+    size_t r = (rows + RED_PARTS_MAX - 1) / RED_PARTS_MAX;
+    return (int)(r < 64 ? 64 : r);
+}
+
+// ============================================================================
+// v1: the trainer's kernels before this lab (bodies unchanged)
+// ============================================================================
+
+__global__ void residual_forward_v1_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = b ? fromF<floatX>(toF(a[i]) + toF(b[i])) : a[i]; }
+}
+
+__global__ void rmsnorm_forward_v1_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += 32) { float xi = toF(x[i]); ss += xi * xi; }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / D + 1e-6f);
+    for (int i = lane; i < D; i += 32) { out[n * D + i] = fromF<floatX>(toF(x[i]) * s * toF(w[i])); }
+    if (lane == 0) { rstd[n] = s; }
+}
+
+template <typename Tout>
+__global__ void rmsnorm_backward_v1_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
+                                           const floatX *w, size_t N, int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    const float *g = dout + n * D;
+    float s = rstd[n], gwx = 0.0f;
+    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
+    gwx = warp_sum(gwx);
+    for (int i = lane; i < D; i += 32) {
+        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
+        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
+    }
+}
+
+__global__ void rmsnorm_dw_partial_v1_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
+                                             size_t N, int D, int rows_per_part) {
+    __shared__ float acc[8][33];
+    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
+    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
+    float s = 0.0f;
+    if (i < D) {
+        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < D) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
+        partial[(size_t)p * D + i] = t;
+    }
+}
+
+__global__ void reduce_partials_v1_kernel(float *dw, const float *partial, int P, int D) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= D) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += partial[(size_t)p * D + i]; }
+    dw[i] += s;
+}
+
+__global__ void accumulate_v1_kernel(float *a, const float *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { a[i] += b[i]; }
+}
+
+__global__ void cast_v1_kernel(floatX *out, const float *in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = fromF<floatX>(in[i]); }
+}
+
+// ============================================================================
+// v2: the current train_mhar.cu (bodies unchanged)
+// ============================================================================
+
+template <int VEC> struct alignas(VEC * sizeof(floatX) < 16 ? VEC * sizeof(floatX) : 16) RowX { floatX x[VEC]; };
+template <int VEC> struct alignas(VEC * 4 < 16 ? VEC * 4 : 16) RowF { float x[VEC]; };
+template <int VEC, int NP> struct RowLanes { static constexpr int vec = VEC, np = NP; };
+#define RVEC (16 / (int)sizeof(floatX))
+
+template <typename F> void row_dispatch(int C, bool aligned, F f) {
+    const bool packs = aligned && C % RVEC == 0;
+    const int np = (int)ceil_div(C, 32 * (packs ? RVEC : 1));
+    if (np > 16) { die("C = %d is too wide for the residual-stream kernels", C); }
+#define ROW_CASES(V)                                                                           \
+    if (np <= 1) { f(RowLanes<V, 1>()); } else if (np <= 2) { f(RowLanes<V, 2>()); }         \
+    else if (np <= 4) { f(RowLanes<V, 4>()); } else if (np <= 8) { f(RowLanes<V, 8>()); }     \
+    else { f(RowLanes<V, 16>()); }
+    if (packs) { ROW_CASES(RVEC) } else { ROW_CASES(1) }
+#undef ROW_CASES
+}
+inline bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
+
+// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX,
+// s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded y, stat[n] = s, and when u is
+// not NULL u = y * s * w.
+template <int VEC, int NP>
+__global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out,
+                                             const floatX *w, size_t N, int C) {
+    const size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    float v[NP][VEC], ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+        if (c0 >= C) { continue; }
+        RowX<VEC> a = *reinterpret_cast<const RowX<VEC> *>(out + n * C + c0);
+        RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k]));
+            v[p][k] = toF(a.x[k]);
+            ss += v[p][k] * v[p][k];
+        }
+        *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
+    }
+    ss = warp_sum(ss);
+    const float s = 1.0f / sqrtf(ss / C + 1e-6f);
+    if (lane == 0) { stat[n] = s; }
+    if (u == NULL) { return; }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+        if (c0 >= C) { continue; }
+        RowX<VEC> o;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(v[p][k] * s * toF(w[c0 + k])); }
+        *reinterpret_cast<RowX<VEC> *>(u + n * C + c0) = o;
+    }
+}
+
+// One thread per pack of VEC values: u = (h * rstd[n]) * w in fp32, rounded once.
+template <int VEC>
+__global__ void rmsnorm_apply_kernel(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (i >= N * C) { return; }
+    const size_t n = i / C;
+    const int c = (int)(i % C);
+    const float s = rstd[n];
+    RowX<VEC> hp = *reinterpret_cast<const RowX<VEC> *>(h + i), o;
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(toF(hp.x[k]) * s * toF(w[c + k])); }
+    *reinterpret_cast<RowX<VEC> *>(u + i) = o;
+}
+
+// Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
+// of them. Per row: d = dL/dx of u = rmsnorm(x; w) given du; dres = d (+ dres
+// when add), and its floatX copy dcopy (when not NULL). The block's share of
+// dw[c] = sum_n du x rstd, summed per lane over its rows in order, then over
+// the 8 warps in order through shared memory, goes to partial[b] (C).
+template <int VEC, int NP>
+__global__ void __launch_bounds__(256)
+rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, const float *du, const floatX *x,
+                                 const float *rstd, const floatX *w, size_t N, int C, int R, int add) {
+    __shared__ float red[8][32 * VEC];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float wf[NP][VEC], acc[NP][VEC];
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { wf[p][k] = c0 < C ? toF(w[c0 + k]) : 0.0f; acc[p][k] = 0.0f; }
+    }
+    const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
+    for (size_t n = n0 + warp; n < n1; n += 8) {
+        float xf[NP][VEC], g[NP][VEC], gwx = 0.0f;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            RowX<VEC> xp = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+            RowF<VEC> gp = *reinterpret_cast<const RowF<VEC> *>(du + n * C + c0);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { xf[p][k] = toF(xp.x[k]); g[p][k] = gp.x[k]; gwx += g[p][k] * wf[p][k] * xf[p][k]; }
+        }
+        gwx = warp_sum(gwx);
+        const float s = rstd[n], k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            RowF<VEC> r = {};
+            if (add) { r = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float d = s * g[p][k] * wf[p][k] - k3 * xf[p][k];
+                r.x[k] = add ? r.x[k] + d : d;
+                acc[p][k] += g[p][k] * xf[p][k] * s;
+            }
+            *reinterpret_cast<RowF<VEC> *>(dres + n * C + c0) = r;
+            if (dcopy) {
+                RowX<VEC> o;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(r.x[k]); }
+                *reinterpret_cast<RowX<VEC> *>(dcopy + n * C + c0) = o;
+            }
+        }
+    }
+    // the block's dw share: chunk p of 32 VEC channels at a time, warps summed in order
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        __syncthreads();   // red may still be read for chunk p - 1
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { red[warp][lane * VEC + k] = acc[p][k]; }
+        __syncthreads();
+        for (int i = threadIdx.x; i < 32 * VEC; i += blockDim.x) {
+            const int c = p * 32 * VEC + i;
+            if (c >= C) { continue; }
+            float t = 0.0f;
+            for (int ww = 0; ww < 8; ww++) { t += red[ww][i]; }
+            partial[(size_t)blockIdx.x * C + c] = t;
+        }
+    }
+}
+
+// dw (D) += sum over the P partials of partial (P, D), in a fixed order. Block
+// (32 channels) x (32 partial lanes): lane y sums partials y, y + 32, ... in
+// order (independent loads), then the 32 lane sums are added in lane order.
+// Grid ceil(D / 32).
+__global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, const float *partial, int P, int D) {
+    __shared__ float s[32][33];
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    float t = 0.0f;
+    if (i < D) {
+        for (int p = threadIdx.y; p < P; p += 32) { t += partial[(size_t)p * D + i]; }
+    }
+    s[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < D) {
+        float sum = 0.0f;
+        for (int y = 0; y < 32; y++) { sum += s[y][threadIdx.x]; }
+        dw[i] += sum;
+    }
+}
+
+// ============================================================================
+// The ops, per version
+// ============================================================================
+
+struct FwdBufs {
+    const floatX *x, *out, *w;   // inputs: slot j, sublayer output, norm weight
+    floatX *y, *u;               // outputs: slot j+1, normalised input of site j+1
+    float *rstd;
+    size_t N;
+    int C;
+};
+
+static void fwd_run(int ver, const FwdBufs &b) {
+    if (ver == 1) {
+        residual_forward_v1_kernel<<<ceil_div(b.N * b.C, 256), 256>>>(b.y, b.out, b.x, b.N * b.C);
+        launchCheck();
+        rmsnorm_forward_v1_kernel<<<ceil_div(b.N, 8), 256>>>(b.u, b.rstd, b.y, b.w, b.N, b.C);
+    } else {
+        row_dispatch(b.C, aligned16(b.y) && aligned16(b.u) && aligned16(b.x) && aligned16(b.out), [&](auto lanes) {
+            constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+            residual_norm_forward_kernel<VEC, NP><<<ceil_div(b.N, 8), 256>>>(b.y, b.u, b.rstd, b.x, b.out, b.w, b.N, b.C);
+        });
+    }
+    launchCheck();
+}
+
+// the trainer's rmsnorm_apply: u = y * rstd * w from the stored y, rstd
+static void apply_run(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
+    if (C % RVEC == 0 && aligned16(u) && aligned16(h)) {
+        rmsnorm_apply_kernel<RVEC><<<ceil_div(N * C / RVEC, 256), 256>>>(u, h, rstd, w, N, C);
+    } else {
+        rmsnorm_apply_kernel<1><<<ceil_div(N * C, 256), 256>>>(u, h, rstd, w, N, C);
+    }
+    launchCheck();
+}
+
+struct BwdBufs {
+    const float *du, *rstd;      // inputs: dL/du of the site, rstd of the forward
+    const floatX *x, *w;         // slot j, norm weight
+    float *dres;                 // v2: dL/dx_{j+1} on entry, dL/dx_j on exit (in place)
+    float *dnext, *dslot;        // v1: dslot_{j+1} (input), dslot_j (output)
+    floatX *dcopy;
+    float *dw, *partial;
+    size_t N;
+    int C;
+};
+
+// v1: returns the buffer holding dL/dx_j (dslot); v2: dres
+static float *bwd_run(int ver, const BwdBufs &b) {
+    const size_t n = b.N * b.C;
+    const int R = red_rows_per_part(b.N), P = (int)ceil_div(b.N, R);
+    if (ver == 1) {
+        zero(b.dslot, n * sizeof(float));
+        rmsnorm_backward_v1_kernel<float><<<ceil_div(b.N, 8), 256>>>(b.dslot, b.du, b.x, b.rstd, b.w, b.N, b.C);
+        launchCheck();
+        rmsnorm_dw_partial_v1_kernel<<<dim3(ceil_div(b.C, 32), P), dim3(32, 8)>>>(b.partial, b.du, b.x, b.rstd, b.N, b.C, R);
+        launchCheck();
+        reduce_partials_v1_kernel<<<ceil_div(b.C, 256), 256>>>(b.dw, b.partial, P, b.C);
+        launchCheck();
+        accumulate_v1_kernel<<<ceil_div(n, 256), 256>>>(b.dslot, b.dnext, n);
+        launchCheck();
+        cast_v1_kernel<<<ceil_div(n, 256), 256>>>(b.dcopy, b.dslot, n);
+        launchCheck();
+        return b.dslot;
+    }
+    row_dispatch(b.C, aligned16(b.dres) && aligned16(b.dcopy) && aligned16(b.du) && aligned16(b.x), [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+        rmsnorm_backward_residual_kernel<VEC, NP><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x, b.rstd, b.w,
+                                                               b.N, b.C, R, 1);
+    });
+    launchCheck();
+    rmsnorm_dw_reduce_kernel<<<ceil_div(b.C, 32), dim3(32, 32)>>>(b.dw, b.partial, P, b.C);
+    launchCheck();
+    return b.dres;
+}
+
+// ============================================================================
+// Inputs: made on the device from a counter-based hash, then copied to the
+// host for the reference.
+// ============================================================================
+
+__host__ __device__ inline uint64_t mix64(uint64_t z) {   // splitmix64's finaliser
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ inline float urand(uint64_t seed, uint64_t i) {   // [0, 1)
+    return (float)(mix64(seed ^ mix64(i)) >> 40) * (1.0f / 16777216.0f);
+}
+__device__ inline float nrand(uint64_t seed, uint64_t i) {   // mean 0, variance 1 (sum of 4 uniforms)
+    float s = 0.0f;
+    for (int k = 0; k < 4; k++) { s += urand(seed + 0x632be59bd9b4e019ull * (k + 1), i); }
+    return (s - 2.0f) * 1.7320508f;
+}
+template <typename T>
+__global__ void fill_normal_kernel(T *p, size_t n, uint64_t seed, float mean, float sd) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        p[i] = fromF<T>(mean + sd * nrand(seed, i));
+    }
+}
+template <typename T> static void fill_normal(T *p, size_t n, uint64_t seed, float mean, float sd) {
+    fill_normal_kernel<T><<<4096, 256>>>(p, n, seed, mean, sd);
+    launchCheck();
+}
+// rows of different scales (0.05 .. 3.05), so rstd varies 60x
+template <typename T>
+__global__ void fill_rows_kernel(T *p, size_t rows, int D, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * D; i += (size_t)gridDim.x * blockDim.x) {
+        float scale = 0.05f + 3.0f * urand(seed ^ 0x5bd1e995ull, i / D);
+        p[i] = fromF<T>(scale * nrand(seed, i));
+    }
+}
+
+// ============================================================================
+// CPU references, fp64 (train_mhar.c's definitions)
+// ============================================================================
+
+static float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+// y = x + out, u = y / sqrt(mean(y^2) + 1e-6) * w, rstd; rows (N, C)
+static void ref_forward(const double *x, const double *out, const double *w, size_t N, int C, double *y, double *u,
+                        double *rstd) {
+    for (size_t n = 0; n < N; n++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { y[n * C + c] = x[n * C + c] + out[n * C + c]; ss += y[n * C + c] * y[n * C + c]; }
+        double s = 1.0 / sqrt(ss / C + 1e-6);
+        rstd[n] = s;
+        for (int c = 0; c < C; c++) { u[n * C + c] = y[n * C + c] * s * w[c]; }
+    }
+}
+
+// backward of u = rmsnorm(x; w) given du: dx[n] += s du w - s^3/C (du . w x) x; dw += du x s
+static void ref_backward(const double *du, const double *x, const double *w, size_t N, int C, double *dx, double *dw) {
+    for (size_t n = 0; n < N; n++) {
+        double ss = 0, gwx = 0;
+        for (int c = 0; c < C; c++) { ss += x[n * C + c] * x[n * C + c]; gwx += du[n * C + c] * w[c] * x[n * C + c]; }
+        double s = 1.0 / sqrt(ss / C + 1e-6);
+        for (int c = 0; c < C; c++) {
+            dx[n * C + c] += s * du[n * C + c] * w[c] - s * s * s / C * gwx * x[n * C + c];
+            dw[c] += du[n * C + c] * x[n * C + c] * s;
+        }
+    }
+}
+
+// ============================================================================
+// CPU self-test: the reference backward against central differences of the
+// forward (loss = sum(u * R) for random R, through y = x + out), no GPU.
+// ============================================================================
+
+static uint64_t host_rng = 1;
+static double host_uniform() { return ((mix64(host_rng++) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static double host_normal() { return sqrt(-2 * log(host_uniform())) * cos(6.283185307179586 * host_uniform()); }
+
+static int cpu_selftest(uint64_t seed) {
+    host_rng = seed;
+    const size_t N = 3;
+    const int C = 8;
+    const double h = 1e-6;
+    std::vector<double> x(N * C), out(N * C), w(C), R(N * C), y(N * C), u(N * C), rs(N);
+    for (auto &v : x) { v = host_normal(); }
+    for (auto &v : out) { v = 0.5 * host_normal(); }
+    for (auto &v : w) { v = 1.0 + 0.3 * host_normal(); }
+    for (auto &v : R) { v = host_normal(); }
+    auto loss = [&]() {
+        ref_forward(x.data(), out.data(), w.data(), N, C, y.data(), u.data(), rs.data());
+        double l = 0;
+        for (size_t i = 0; i < N * C; i++) { l += u[i] * R[i]; }
+        return l;
+    };
+    // analytic: dL/du = R; dL/dx = dL/dy (y = x + out)
+    ref_forward(x.data(), out.data(), w.data(), N, C, y.data(), u.data(), rs.data());
+    std::vector<double> dx(N * C, 0.0), dw(C, 0.0);
+    ref_backward(R.data(), y.data(), w.data(), N, C, dx.data(), dw.data());
+    double worst = 0;
+    for (size_t i = 0; i < N * C; i++) {
+        double keep = x[i];
+        x[i] = keep + h; double lp = loss();
+        x[i] = keep - h; double lm = loss();
+        x[i] = keep;
+        double num = (lp - lm) / (2 * h);
+        worst = std::max(worst, fabs(num - dx[i]) / std::max(1.0, fabs(num)));
+    }
+    for (int c = 0; c < C; c++) {
+        double keep = w[c];
+        w[c] = keep + h; double lp = loss();
+        w[c] = keep - h; double lm = loss();
+        w[c] = keep;
+        double num = (lp - lm) / (2 * h);
+        worst = std::max(worst, fabs(num - dw[c]) / std::max(1.0, fabs(num)));
+    }
+    bool ok = worst < 1e-6;
+    printf("cpu selftest: residual + rmsnorm backward vs central differences (dx, dw): worst error %.1e: %s\n", worst,
+           ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+}
+
+// ============================================================================
+// Byte counts per call (N rows of C): each buffer counted once per kernel that
+// touches it; the weight (C) and the dw partials (<= 1 MB, L2) left out.
+//   fwd   8 NC + 4 N     x, out read; y, u written (bf16); rstd
+//   bwd  16 NC + 4 N     du (fp32), x read; dres read and written (fp32); dcopy
+//                        written; rstd
+// These are the minimum of each op; the GB/s of every version divide them by
+// its time. What v1 moves:
+//   fwd  10 NC + 4 N     residual: 6 NC; rmsnorm: y read again, u written
+//   bwd  42 NC + 8 N     zero 4 NC; norm backward du, x, dslot RMW 14 NC; dw
+//                        partials du, x 6 NC; accumulate 12 NC; cast 6 NC
+// ============================================================================
+
+static double fwd_bytes(double N, double C) { return N * (8 * C + 4); }
+static double bwd_bytes(double N, double C) { return N * (16 * C + 4); }
+static double fwd_moved(int ver, double N, double C) { return ver == 1 ? N * (10 * C + 4) : fwd_bytes(N, C); }
+static double bwd_moved(int ver, double N, double C) { return ver == 1 ? N * (42 * C + 8) : bwd_bytes(N, C); }
+
+static const size_t N100 = 16 * 2048;
+static const int C100 = 512, CALLS100 = 24;   // 100m: B=16, T=2048, C=512; 2L = 24 residual adds a step
+
+static void print_bytes(void) {
+    printf("100m (N=%zu, C=%d), %d calls a step; floors at 4.0 TB/s\n", N100, C100, CALLS100);
+    for (int v = 1; v <= 2; v++) {
+        double f = CALLS100 * fwd_moved(v, N100, C100), b = CALLS100 * bwd_moved(v, N100, C100);
+        printf("  v%d  fwd moves %6.2f GB (%.3f ms), bwd moves %6.2f GB (%.3f ms)\n", v, f / 1e9, f / 4e9, b / 1e9,
+               b / 4e9);
+    }
+    double f = CALLS100 * fwd_bytes(N100, C100), b = CALLS100 * bwd_bytes(N100, C100);
+    printf("  floor: fwd %.2f GB = %.3f ms, bwd %.2f GB = %.3f ms per step\n", f / 1e9, f / 4e9, b / 1e9, b / 4e9);
+}
+
+// ============================================================================
+// Check helpers
+// ============================================================================
+
+static bool compare(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rtol,
+                    double atol) {
+    double mref = 0, merr = 0;
+    for (double r : ref) { mref = std::max(mref, fabs(r)); }
+    bool ok = got.size() == ref.size();
+    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
+        double e = fabs((double)got[i] - ref[i]);
+        if (!std::isfinite((double)got[i])) { e = INFINITY; }
+        merr = std::max(merr, e);
+        if (!(e <= rtol * fabs(ref[i]) + atol * mref)) { ok = false; }
+    }
+    double rel = mref > 0 ? merr / mref : merr;
+    printf(" %s %.1e%s", name, rel, ok ? "" : "(FAIL)");
+    return ok;
+}
+static std::vector<unsigned char> fetch_bytes(const void *d, size_t bytes) {
+    std::vector<unsigned char> h(bytes);
+    if (bytes) { cudaCheck(cudaMemcpy(h.data(), d, bytes, cudaMemcpyDeviceToHost)); }
+    return h;
+}
+static std::vector<float> bytes_bf16_to_f(const std::vector<unsigned char> &b) {
+    std::vector<float> f(b.size() / 2);
+    for (size_t i = 0; i < f.size(); i++) { uint16_t v; memcpy(&v, &b[2 * i], 2); f[i] = bf2f(v); }
+    return f;
+}
+static std::vector<float> bytes_f32(const std::vector<unsigned char> &b) {
+    std::vector<float> f(b.size() / 4);
+    if (!f.empty()) { memcpy(f.data(), b.data(), b.size()); }
+    return f;
+}
+static std::vector<double> fetch_bf16_d(const floatX *d, size_t n) {
+    std::vector<float> f = bytes_bf16_to_f(fetch_bytes(d, n * 2));
+    return std::vector<double>(f.begin(), f.end());
+}
+static std::vector<double> fetch_f32_d(const float *d, size_t n) {
+    std::vector<float> f = bytes_f32(fetch_bytes(d, n * 4));
+    return std::vector<double>(f.begin(), f.end());
+}
+static uint64_t fnv(const std::vector<unsigned char> &b, uint64_t hash = 1469598103934665603ull) {
+    for (unsigned char c : b) { hash = (hash ^ c) * 1099511628211ull; }
+    return hash;
+}
+template <typename T> static T *dalloc(size_t n) {
+    void *p = nullptr;
+    cudaCheck(cudaMalloc(&p, n * sizeof(T) + 16));   // cudaMalloc: 256-byte aligned
+    return (T *)p;
+}
+
+// ============================================================================
+// Checks
+// ============================================================================
+
+static bool quick = false;
+
+static bool check_fwd_shape(int ver, size_t N, int C, uint64_t seed) {
+    const size_t n = N * C;
+    floatX *x = dalloc<floatX>(n), *out = dalloc<floatX>(n), *w = dalloc<floatX>(C), *y = dalloc<floatX>(n);
+    floatX *u = dalloc<floatX>(n), *u2 = dalloc<floatX>(n);
+    float *rstd = dalloc<float>(N), *r = dalloc<float>(N);
+    fill_rows_kernel<floatX><<<4096, 256>>>(x, N, C, seed);
+    launchCheck();
+    fill_normal(out, n, seed + 1, 0.0f, 0.5f);
+    fill_normal(w, C, seed + 2, 1.0f, 0.3f);
+    std::vector<double> hx = fetch_bf16_d(x, n), ho = fetch_bf16_d(out, n), hw = fetch_bf16_d(w, C);
+    std::vector<double> ry(n), ru(n), rr(N);
+    ref_forward(hx.data(), ho.data(), hw.data(), N, C, ry.data(), ru.data(), rr.data());
+    FwdBufs b = {x, out, w, y, u, rstd, N, C};
+    bool ok = true;
+    std::vector<unsigned char> first[3];
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(y, 0xFF, n * 2)); cudaCheck(cudaMemset(u, 0xFF, n * 2));   // NaN
+        cudaCheck(cudaMemset(rstd, 0xFF, N * 4));
+        fwd_run(ver, b);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<unsigned char> o[3] = {fetch_bytes(y, n * 2), fetch_bytes(u, n * 2), fetch_bytes(rstd, N * 4)};
+        if (rep == 1) {
+            bool same = o[0] == first[0] && o[1] == first[1] && o[2] == first[2];
+            ok &= same;
+            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
+                   (unsigned long long)fnv(o[2], fnv(o[1], fnv(o[0]))));
+            break;
+        }
+        for (int k = 0; k < 3; k++) { first[k] = o[k]; }
+        printf("  fwd v%d N=%-6zu C=%-5d", ver, N, C);
+        ok &= compare("y", bytes_bf16_to_f(o[0]), ry, 0x1p-8, 0);
+        ok &= compare("u", bytes_bf16_to_f(o[1]), ru, 0x1p-7, 0);
+        ok &= compare("rstd", bytes_f32(o[2]), rr, 0x1p-8, 0);
+        if (ver == 2) {
+            // u recomputed from the stored y and rstd (mhar's backward does this from h_j): bit for bit
+            cudaCheck(cudaMemset(u2, 0xFF, n * 2));
+            apply_run(u2, y, rstd, w, N, C);
+            bool same = fetch_bytes(u2, n * 2) == o[1];
+            ok &= same;
+            printf(" recompute-u %s", same ? "bit-identical" : "DIFFERENT (FAIL)");
+            // stat-only form (block mode's chained slot): r equals rstd, y unchanged
+            cudaCheck(cudaMemset(r, 0xFF, N * 4));
+            row_dispatch(C, true, [&](auto lanes) {
+                constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+                residual_norm_forward_kernel<VEC, NP><<<ceil_div(N, 8), 256>>>(y, nullptr, r, x, out, nullptr, N, C);
+            });
+            launchCheck();
+            bool same_r = fetch_bytes(r, N * 4) == o[2] && fetch_bytes(y, n * 2) == o[0];
+            ok &= same_r;
+            printf(" stat-only %s", same_r ? "bit-identical" : "DIFFERENT (FAIL)");
+        }
+        printf("\n");
+    }
+    cudaCheck(cudaFree(x)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(y));
+    cudaCheck(cudaFree(u)); cudaCheck(cudaFree(u2)); cudaCheck(cudaFree(rstd)); cudaCheck(cudaFree(r));
+    return ok;
+}
+
+static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
+    const size_t n = N * C;
+    floatX *x = dalloc<floatX>(n), *w = dalloc<floatX>(C), *dcopy = dalloc<floatX>(n);
+    float *du = dalloc<float>(n), *dnext = dalloc<float>(n), *dres = dalloc<float>(n), *dslot = dalloc<float>(n);
+    float *rstd = dalloc<float>(N), *dw = dalloc<float>(C), *partial = dalloc<float>((size_t)RED_PARTS_MAX * C);
+    fill_rows_kernel<floatX><<<4096, 256>>>(x, N, C, seed);
+    launchCheck();
+    fill_normal(w, C, seed + 2, 1.0f, 0.3f);
+    fill_normal(du, n, seed + 3, 0.0f, 1.0f);
+    fill_normal(dnext, n, seed + 4, 0.0f, 0.1f);
+    std::vector<double> hx = fetch_bf16_d(x, n), hw = fetch_bf16_d(w, C), hdu = fetch_f32_d(du, n);
+    std::vector<double> rdx = fetch_f32_d(dnext, n), rdw(C, 0.0);
+    std::vector<float> hr(N);
+    for (size_t r = 0; r < N; r++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += hx[r * C + c] * hx[r * C + c]; }
+        hr[r] = (float)(1.0 / sqrt(ss / C + 1e-6));
+    }
+    cudaCheck(cudaMemcpy(rstd, hr.data(), N * 4, cudaMemcpyHostToDevice));
+    ref_backward(hdu.data(), hx.data(), hw.data(), N, C, rdx.data(), rdw.data());   // rdx = dnext + dx
+    BwdBufs b = {du, rstd, x, w, dres, dnext, dslot, dcopy, dw, partial, N, C};
+    bool ok = true;
+    std::vector<unsigned char> first[3];
+    for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(dslot, 0xFF, n * 4)); cudaCheck(cudaMemset(dcopy, 0xFF, n * 2));   // NaN
+        cudaCheck(cudaMemset(partial, 0xFF, (size_t)RED_PARTS_MAX * C * 4));
+        cudaCheck(cudaMemcpy(dres, dnext, n * 4, cudaMemcpyDeviceToDevice));   // v2 works in place
+        cudaCheck(cudaMemset(dw, 0, C * 4));   // dw accumulates (the trainer zeroes the grads once a step)
+        float *res = bwd_run(ver, b);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<unsigned char> o[3] = {fetch_bytes(res, n * 4), fetch_bytes(dcopy, n * 2), fetch_bytes(dw, C * 4)};
+        if (rep == 1) {
+            bool same = o[0] == first[0] && o[1] == first[1] && o[2] == first[2];
+            ok &= same;
+            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
+                   (unsigned long long)fnv(o[2], fnv(o[1], fnv(o[0]))));
+            break;
+        }
+        for (int k = 0; k < 3; k++) { first[k] = o[k]; }
+        printf("  bwd v%d N=%-6zu C=%-5d", ver, N, C);
+        ok &= compare("dres", bytes_f32(o[0]), rdx, 1e-5, 1e-5);
+        ok &= compare("dcopy", bytes_bf16_to_f(o[1]), rdx, 0x1p-8, 1e-5);
+        ok &= compare("dw", bytes_f32(o[2]), rdw, 1e-4, 1e-4);
+        printf("\n");
+    }
+    cudaCheck(cudaFree(x)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(dcopy)); cudaCheck(cudaFree(du));
+    cudaCheck(cudaFree(dnext)); cudaCheck(cudaFree(dres)); cudaCheck(cudaFree(dslot)); cudaCheck(cudaFree(rstd));
+    cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(partial));
+    return ok;
+}
+
+// shapes: 100m, 1b-wide rows, and small ones with partial lanes (C = 32, 200),
+// one width that 8 does not divide (36: one value a pack), odd row counts
+static const size_t SHAPES[][2] = {{N100, 512}, {4096, 2048}, {555, 32}, {300, 200}, {77, 36}, {1000, 512}};
+static bool check_op(bool fwd, int ver, uint64_t seed) {
+    printf("%s v%d check (tolerances: %s)\n", fwd ? "fwd" : "bwd", ver,
+           fwd ? "y rtol 2^-8; u rtol 2^-7; rstd rtol 2^-8"
+               : "dres rtol 1e-5 + atol 1e-5 max; dcopy rtol 2^-8 + atol 1e-5 max; dw rtol 1e-4 + atol 1e-4 max");
+    bool ok = true;
+    for (size_t s = quick ? 2 : 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {
+        ok &= fwd ? check_fwd_shape(ver, SHAPES[s][0], (int)SHAPES[s][1], seed + 10 * s)
+                  : check_bwd_shape(ver, SHAPES[s][0], (int)SHAPES[s][1], seed + 10 * s);
+    }
+    printf("%s v%d check: %s\n", fwd ? "fwd" : "bwd", ver, ok ? "PASS" : "FAIL");
+    return ok;
+}
+
+// ============================================================================
+// Bench: CUDA events around one step's 24 calls at the 100m shape (every site
+// on its own slot buffers, as in the trainer, so L2 does not hold the inputs
+// between calls); 2 warm-ups, then the median of --reps repeats.
+// ============================================================================
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+template <typename Run>
+static float time_median(int reps, Run run, float *mn) {
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int it = 0; it < reps + 2; it++) {
+        cudaCheck(cudaEventRecord(e0));
+        run();
+        cudaCheck(cudaEventRecord(e1));
+        cudaCheck(cudaEventSynchronize(e1));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 2) { ts.push_back(ms); }
+    }
+    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
+    *mn = *std::min_element(ts.begin(), ts.end());
+    return median(ts);
+}
+static double measure_copy_gbs(void) {   // device-to-device copy, bytes read + written
+    size_t bytes = (size_t)2 << 30;
+    void *a = nullptr, *b = nullptr;
+    cudaCheck(cudaMalloc(&a, bytes)); cudaCheck(cudaMalloc(&b, bytes));
+    cudaCheck(cudaMemset(a, 1, bytes));
+    float mn;
+    float ms = time_median(11, [&]() { cudaCheck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, &mn);
+    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+static void print_time(const char *op, int ver, const char *what, float ms, float mn, double bytes, double copy_gbs,
+                       double profile_ms) {
+    double floor4 = bytes / 4.0e9, floorc = bytes / (copy_gbs * 1e6);
+    printf("  %-4s v%d %-30s %8.3f ms (min %.3f) %6.3f GB %6.0f GB/s  floor %.3f ms at 4.0 TB/s (%.2fx), %.3f at copy",
+           op, ver, what, ms, mn, bytes / 1e9, bytes / (ms * 1e-3) / 1e9, floor4, ms / floor4, floorc);
+    if (profile_ms > 0) { printf("  [trainer profile, H200: %.2f ms]", profile_ms); }
+    printf("\n");
+}
+
+// The H200 per-op profile of the trainer before this lab (run 3, std, ms per
+// step): fwd residual 1.306 + fwd norm 0.714 (25 calls, 24 of them after a
+// residual add); bwd route + norm 3.079 + residual + cast 3.049 (which also
+// holds the zero of dln, 24 x 67 MB) + zero dslots 0.379.
+static const double PROF_FWD = 1.306 + 0.714, PROF_BWD = 3.079 + 3.049 + 0.379;
+
+static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double copy_gbs) {
+    const size_t N = N100, n = N * C100;
+    const int C = C100, J = CALLS100 + 1;
+    floatX *slots = dalloc<floatX>((size_t)J * n), *w = dalloc<floatX>(C);
+    fill_rows_kernel<floatX><<<8192, 256>>>(slots, (size_t)J * N, C, seed);
+    launchCheck();
+    fill_normal(w, C, seed + 2, 1.0f, 0.3f);
+    char what[64];
+    float mn, ms;
+    if (fwd) {   // site j+1 from slot j and the (per-layer) sublayer output
+        floatX *outs = dalloc<floatX>((size_t)CALLS100 * n), *u = dalloc<floatX>((size_t)J * n);
+        float *rstd = dalloc<float>((size_t)J * N);
+        fill_normal(outs, (size_t)CALLS100 * n, seed + 1, 0.0f, 0.5f);
+        ms = time_median(reps, [&]() {
+            for (int j = 0; j < CALLS100; j++) {
+                FwdBufs b = {slots + j * n, outs + j * n, w, slots + (j + 1) * n, u + (j + 1) * n, rstd + (j + 1) * N, N, C};
+                fwd_run(ver, b);
+            }
+        }, &mn);
+        snprintf(what, sizeof what, "fwd %d x (N=%zu C=%d)", CALLS100, N, C);
+        print_time("res", ver, what, ms, mn, CALLS100 * fwd_bytes(N, C), copy_gbs, ver == 1 ? PROF_FWD : 0);
+        cudaCheck(cudaFree(outs)); cudaCheck(cudaFree(u)); cudaCheck(cudaFree(rstd));
+    } else {     // one du and one dres (the trainer's dln and running gradient), slot j per site
+        float *du = dalloc<float>(n), *rstd = dalloc<float>((size_t)J * N), *dw = dalloc<float>(C);
+        float *dres = dalloc<float>(n), *dsl = dalloc<float>((size_t)J * n);
+        float *partial = dalloc<float>((size_t)RED_PARTS_MAX * C);
+        floatX *dcopy = dalloc<floatX>(n);
+        fill_normal(du, n, seed + 3, 0.0f, 1.0f);
+        fill_normal(rstd, (size_t)J * N, seed + 5, 1.0f, 0.1f);
+        zero(dres, n * 4); zero(dsl, (size_t)J * n * 4); zero(dw, C * 4);
+        ms = time_median(reps, [&]() {
+            for (int j = CALLS100 - 1; j >= 0; j--) {
+                BwdBufs b = {du, rstd + j * N, slots + j * n, w, dres, dsl + (j + 1) * n, dsl + j * n, dcopy, dw,
+                             partial, N, C};
+                bwd_run(ver, b);
+            }
+        }, &mn);
+        snprintf(what, sizeof what, "bwd %d x (N=%zu C=%d)", CALLS100, N, C);
+        print_time("res", ver, what, ms, mn, CALLS100 * bwd_bytes(N, C), copy_gbs, ver == 1 ? PROF_BWD : 0);
+        cudaCheck(cudaFree(du)); cudaCheck(cudaFree(rstd)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dres));
+        cudaCheck(cudaFree(dsl)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dcopy));
+    }
+    cudaCheck(cudaFree(slots)); cudaCheck(cudaFree(w));
+}
+
+// ============================================================================
+
+int main(int argc, char **argv) {
+    int ver = 0, reps = 20;
+    bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
+    bool op_fwd = false, op_bwd = false;
+    uint64_t seed = 1234;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        auto val = [&](void) -> const char * {
+            if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value\n", a); exit(1); }
+            return argv[++i];
+        };
+        if (!strcmp(a, "--version")) { ver = atoi(val()); }
+        else if (!strcmp(a, "--op")) {
+            const char *o = val();
+            if (!strcmp(o, "fwd")) { op_fwd = true; }
+            else if (!strcmp(o, "bwd")) { op_bwd = true; }
+            else { fprintf(stderr, "error: --op takes fwd or bwd\n"); return 1; }
+        }
+        else if (!strcmp(a, "--check")) { do_check = true; }
+        else if (!strcmp(a, "--bench")) { do_bench = true; }
+        else if (!strcmp(a, "--all")) { do_all = true; }
+        else if (!strcmp(a, "--cpu-selftest")) { do_self = true; }
+        else if (!strcmp(a, "--bytes")) { do_bytes = true; }
+        else if (!strcmp(a, "--seed")) { seed = strtoull(val(), NULL, 10); }
+        else if (!strcmp(a, "--reps")) { reps = atoi(val()); }
+        else if (!strcmp(a, "--quick")) { quick = true; }
+        else { fprintf(stderr, "error: unknown flag %s (see the top of dev/cuda/residual.cu)\n", a); return 1; }
+    }
+    if (do_self) { return cpu_selftest(seed); }
+    if (do_bytes) { print_bytes(); return 0; }
+    if (ver < 0 || ver > 2 || reps < 1) {
+        fprintf(stderr, "usage: residual [--op fwd|bwd] [--version 1..2] [--check] [--bench] [--seed S] [--reps R];"
+                        "  residual --all;  residual --cpu-selftest;  residual --bytes\n");
+        return 1;
+    }
+    if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
+    if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
+    if (do_all) { ver = 0; }
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 2;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB, %.0f GB; seed %llu\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, prop.totalGlobalMem / 1e9, (unsigned long long)seed);
+    bool ok = true;
+    if (do_check) {
+        for (int v = v0; v <= v1; v++) {
+            if (op_fwd) { ok &= check_op(true, v, seed); }
+            if (op_bwd) { ok &= check_op(false, v, seed); }
+        }
+    }
+    if (do_bench) {
+        double gbs = measure_copy_gbs();
+        printf("device-to-device copy: %.0f GB/s (read + write); floors at 4.0 TB/s and at this copy rate\n", gbs);
+        printf("bench: CUDA events, median of %d repeats (2 warm-ups); GB = the op's minimum bytes (top of file)\n",
+               reps);
+        for (int v = v0; v <= v1; v++) {
+            if (op_fwd) { bench_op(true, v, reps, seed, gbs); }
+            if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
+        }
+    }
+    if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }
+    return ok ? 0 : 1;
+}

@@ -3100,6 +3100,25 @@ float *site_norm_dw(Model *m, int j) {
     return j == 2 * m->cfg.L ? dp->lnfw : (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
 }
 
+#ifdef CHECK_U_RECOMPUTE
+// Debug build (-DCHECK_U_RECOMPUTE, mhar): keeps a copy of every site's forward
+// u_j and compares the backward's recomputed u_j with it byte for byte.
+floatX *u_saved = NULL;
+int u_checked = 0, u_differ = 0;
+void u_check(Model *m, int j, const floatX *u, size_t N, int save) {
+    size_t bytes = N * m->cfg.C * sizeof(floatX);
+    if (u_saved == NULL) { cudaCheck(cudaMalloc(&u_saved, (2 * m->cfg.L + 1) * bytes)); }
+    char *slot = (char *)u_saved + j * bytes;
+    if (save) { cudaCheck(cudaMemcpy(slot, u, bytes, cudaMemcpyDeviceToDevice)); return; }
+    char *a = (char *)malloc_check(2 * bytes);
+    cudaCheck(cudaMemcpy(a, slot, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(a + bytes, u, bytes, cudaMemcpyDeviceToHost));
+    u_checked++; u_differ += memcmp(a, a + bytes, bytes) != 0;
+    free(a);
+    if (j == 0) { printf("u recompute check: %d sites, %d differ: %s\n", u_checked, u_differ, u_differ ? "FAIL" : "bit-identical"); }
+}
+#endif
+
 // The normalised input u_j = rmsnorm(h_j; w) of sublayer j (j = 2L: of the LM
 // head), written into ULN(j) with its rstd; returns u_j. std: h_j is the
 // residual stream x_j = slot j; site 0 normalises the embedding here, and each
@@ -3118,6 +3137,9 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     }
     route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * c->H, a->slots, a->slot_r,
                   SITE_SRC(j), m->site_n[j], a->route_qg + (size_t)j * C, w, N, m->route_geo);
+#ifdef CHECK_U_RECOMPUTE
+    u_check(m, j, u, N, 1);
+#endif
     return u;
 }
 
@@ -3269,6 +3291,9 @@ void model_backward(Model *m, float dloss) {
             // u_j = rmsnorm(h_j; g_j), recomputed bit for bit into the one u buffer
             prof("bwd recompute u");
             rmsnorm_apply(u, a->h + j * N * C, a->ln_rstd + j * N, site_norm_w(m, (int)j), N, C);
+#ifdef CHECK_U_RECOMPUTE
+            u_check(m, (int)j, u, N, 0);
+#endif
         }
         if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }
         else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }

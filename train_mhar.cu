@@ -1824,9 +1824,9 @@ void swiglu_backward(floatX *dg, floatX *du, const float *dout, const floatX *g,
 // mode the source statistic r of the new slot. The backward of the add is the
 // pass-through of the slot gradient in model_backward.
 
-// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX,
-// s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded y, stat[n] = s, and when u is
-// not NULL u = y * s * w. The sum y is computed as residual_forward does.
+// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX
+// (x NULL: y = out, not written), s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded
+// y, stat[n] = s, and when u is not NULL u = y * s * w.
 template <int VEC, int NP>
 __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out,
                                              const floatX *w, size_t N, int C) {
@@ -1839,14 +1839,14 @@ __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, 
         const int c0 = (lane + 32 * p) * VEC;
         if (c0 >= C) { continue; }
         RowX<VEC> a = *reinterpret_cast<const RowX<VEC> *>(out + n * C + c0);
-        RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+        if (x != NULL) {
+            RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k]));
-            v[p][k] = toF(a.x[k]);
-            ss += v[p][k] * v[p][k];
+            for (int k = 0; k < VEC; k++) { a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k])); }
+            *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
         }
-        *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { v[p][k] = toF(a.x[k]); ss += v[p][k] * v[p][k]; }
     }
     ss = warp_sum(ss);
     const float s = 1.0f / sqrtf(ss / C + 1e-6f);
@@ -1866,7 +1866,8 @@ __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, 
 // y (N, C) = x + out, the next slot, and the statistic of y in the same pass:
 // with w, u (N, C) = rmsnorm(y; w) and stat = its rstd (std: the residual add
 // fused with the next site's pre-norm); with u = w = NULL, stat = r, the source
-// statistic of source_stat_forward (the chained slots of block mode).
+// statistic of the new slot (the chained slots of block mode); with x = y = NULL
+// too, r of the source out alone (source_stat_forward).
 void residual_norm_forward(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out, const floatX *w,
                            size_t N, int C) {
     row_dispatch(C, aligned16(y) && aligned16(u) && aligned16(x) && aligned16(out), [&](auto lanes) {
@@ -2046,21 +2047,11 @@ template <int NCH> __device__ __forceinline__ void head_sum(float (&x)[NCH], con
     }
 }
 
-__global__ void source_stat_forward_kernel(float *r, const floatX *v, size_t N, int C) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) { float x = toF(v[n * C + c]); ss += x * x; }
-    ss = warp_sum(ss);
-    if (lane == 0) { r[n] = 1.0f / sqrtf(ss / C + 1e-6f); }
-}
-
 // r (N) = 1 / sqrt(|v|^2 / C + 1e-6) of a freshly written source v (N, C).
 // Computed once per source and reused by every later site.
+// (residual_norm_forward's row kernel: one warp per row, 16-byte loads.)
 void source_stat_forward(float *r, const floatX *v, size_t N, int C) {
-    source_stat_forward_kernel<<<ceil_div(N, 8), 256>>>(r, v, N, C);
-    launchCheck();
+    residual_norm_forward(NULL, NULL, r, NULL, v, NULL, N, C);
 }
 
 __global__ void route_qg_kernel(float *qg, const floatX *q, const floatX *gamma, size_t n) {

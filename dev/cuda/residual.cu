@@ -34,7 +34,8 @@ Versions:
       v2  residual_norm_forward_kernel (train_mhar.cu): one warp per row, 16-byte
           packs, the row in registers: y written, rstd from the rounded y, u written.
           The same kernel with u = NULL writes r, the routing statistic of a
-          chained block-mode slot.
+          chained block-mode slot, and with x = NULL too, r of a source alone
+          (source_stat_forward); the check requires both to equal rstd bit for bit.
   bwd v1  the trainer before this lab, per site: the site's row of the (J, N, C)
           dslots zeroed (one memset a step in the trainer; 1/J of it here),
           rmsnorm_backward_kernel adding into it, rmsnorm_dw_partial_kernel,
@@ -219,9 +220,9 @@ template <typename F> void row_dispatch(int C, bool aligned, F f) {
 }
 inline bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
 
-// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX,
-// s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded y, stat[n] = s, and when u is
-// not NULL u = y * s * w.
+// One warp per row n (8 rows per block of 256): y = x + out rounded to floatX
+// (x NULL: y = out, not written), s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded
+// y, stat[n] = s, and when u is not NULL u = y * s * w.
 template <int VEC, int NP>
 __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out,
                                              const floatX *w, size_t N, int C) {
@@ -234,14 +235,14 @@ __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, 
         const int c0 = (lane + 32 * p) * VEC;
         if (c0 >= C) { continue; }
         RowX<VEC> a = *reinterpret_cast<const RowX<VEC> *>(out + n * C + c0);
-        RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+        if (x != NULL) {
+            RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k]));
-            v[p][k] = toF(a.x[k]);
-            ss += v[p][k] * v[p][k];
+            for (int k = 0; k < VEC; k++) { a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k])); }
+            *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
         }
-        *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { v[p][k] = toF(a.x[k]); ss += v[p][k] * v[p][k]; }
     }
     ss = warp_sum(ss);
     const float s = 1.0f / sqrtf(ss / C + 1e-6f);
@@ -697,6 +698,15 @@ static bool check_fwd_shape(int ver, size_t N, int C, uint64_t seed) {
             });
             launchCheck();
             bool same_r = fetch_bytes(r, N * 4) == o[2] && fetch_bytes(y, n * 2) == o[0];
+            // source_stat_forward's form: r of y alone (x = NULL, nothing written)
+            cudaCheck(cudaMemset(r, 0xFF, N * 4));
+            row_dispatch(C, true, [&](auto lanes) {
+                constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+                residual_norm_forward_kernel<VEC, NP><<<ceil_div(N, 8), 256>>>(nullptr, nullptr, r, nullptr, y, nullptr,
+                                                                               N, C);
+            });
+            launchCheck();
+            same_r = same_r && fetch_bytes(r, N * 4) == o[2];
             ok &= same_r;
             printf(" stat-only %s", same_r ? "bit-identical" : "DIFFERENT (FAIL)");
         }

@@ -3205,7 +3205,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
                                   site_norm_w(m, (int)j + 1), N, c->C);
         } else if (chain) {   // block sum: slot j+1 = out_j + slot j, and its r
             residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
-        } else {
+        } else {   // r of slot j+1 = out_j, which the sublayer wrote
             source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C);
         }
     }

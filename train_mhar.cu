@@ -1785,31 +1785,32 @@ void swiglu_forward(floatX *out, const floatX *g, const floatX *u, size_t n) {
     launchCheck();
 }
 
-__global__ void swiglu_backward_kernel(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u,
+__global__ void swiglu_backward_kernel(floatX *dg, floatX *du, const floatX *dout, const floatX *g, const floatX *u,
                                        size_t n, int vec) {
     size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vec;
     if (i0 >= n) { return; }
     // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
     if (vec == 1) {
         float gi = toF(g[i0]), ui = toF(u[i0]), sig = silu_sig(gi);
-        dg[i0] = fromF<floatX>(dout[i0] * ui * sig * (1.0f + gi * (1.0f - sig)));
-        du[i0] = fromF<floatX>(dout[i0] * gi * sig);
+        float d = toF(dout[i0]);
+        dg[i0] = fromF<floatX>(d * ui * sig * (1.0f + gi * (1.0f - sig)));
+        du[i0] = fromF<floatX>(d * gi * sig);
         return;
     }
-    Pack gp = *(const Pack *)(g + i0), up = *(const Pack *)(u + i0), dgp, dup;
-    float d[PACK];
-    for (int e = 0; e < PACK; e += 4) { *(float4 *)(d + e) = *(const float4 *)(dout + i0 + e); }
+    Pack gp = *(const Pack *)(g + i0), up = *(const Pack *)(u + i0), dp = *(const Pack *)(dout + i0), dgp, dup;
     for (int e = 0; e < PACK; e++) {
-        float gi = toF(gp.v[e]), ui = toF(up.v[e]), sig = silu_sig(gi);
-        dgp.v[e] = fromF<floatX>(d[e] * ui * sig * (1.0f + gi * (1.0f - sig)));
-        dup.v[e] = fromF<floatX>(d[e] * gi * sig);
+        float gi = toF(gp.v[e]), ui = toF(up.v[e]), d = toF(dp.v[e]), sig = silu_sig(gi);
+        dgp.v[e] = fromF<floatX>(d * ui * sig * (1.0f + gi * (1.0f - sig)));
+        dup.v[e] = fromF<floatX>(d * gi * sig);
     }
     *(Pack *)(dg + i0) = dgp;
     *(Pack *)(du + i0) = dup;
 }
 
-// Writes (does not add) dg, du in floatX: they feed matmul backwards.
-void swiglu_backward(floatX *dg, floatX *du, const float *dout, const floatX *g, const floatX *u, size_t n) {
+// Writes (does not add) dg, du in floatX: they feed matmul backwards. dout is
+// floatX too: the down matmul's backward sums in fp32 and rounds once, as for
+// attention's datty (an fp32 dout cost 2x its bytes in the matmul and here).
+void swiglu_backward(floatX *dg, floatX *du, const floatX *dout, const floatX *g, const floatX *u, size_t n) {
     int vec = packs_fit(n, dg, du, g, u) && (uintptr_t)dout % 16 == 0 ? PACK : 1;
     swiglu_backward_kernel<<<ceil_div(n, 256 * (size_t)vec), 256>>>(dg, du, dout, g, u, n, vec);
     launchCheck();
@@ -2782,7 +2783,7 @@ typedef struct {
     float *dk;      // (N, KVD)
     floatX *dkr;    // (N, KVD)
     floatX *dv;     // (N, KVD)
-    float *dmh;     // (N, F)
+    floatX *dmh;    // (N, F)
     floatX *dmg, *dmu;  // (N, F)
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
@@ -2954,7 +2955,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
         {(void **)&g->dq, N * QD, S}, {(void **)&g->dqr, N * QD, X},
         {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
-        {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, S}, {(void **)&g->dmg, N * F, X},
+        {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmg, N * F, X},
         {(void **)&g->dmu, N * F, X},
         {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
         {(void **)&g->route_dsr, mhar ? N * J * c->H : 0, S}, {(void **)&g->route_part, route_parts * C, S},

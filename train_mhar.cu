@@ -1962,14 +1962,19 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
 // a_j = exp(r e - lse_j), ds_j = a_j (p - S_j), u_j . v = sum_h ds_j e, all
 // recomputed here. When chain (slot k+1 = out_k + slot k), dslot holds
 // dslot_{k+1} on entry and the result adds it (in place); else dslot is only
-// written. Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
+// written. dslotX (N, C), when not NULL, gets a floatX copy of the result (the
+// input of the matmul backwards of the sublayer that wrote slot k). Also
+// writes dsr (N, H, nr) = ds_j r for the dq/dgamma pass.
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
+// The next reader's G row, lse and S are loaded before this reader's are used
+// (the lse and S loads used to wait a full memory latency per reader).
 template <int VEC, int NCH>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
-route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ v, const float *__restrict__ rk,
-                           const floatX *__restrict__ Gall, const float *__restrict__ Sall,
-                           const float *__restrict__ lseall, const int *__restrict__ readers, int nr,
-                           const float *__restrict__ qg, int chain, int N, RouteGeo geo) {
+route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
+                           const float *__restrict__ rk, const floatX *__restrict__ Gall,
+                           const float *__restrict__ Sall, const float *__restrict__ lseall,
+                           const int *__restrict__ readers, int nr, const float *__restrict__ qg, int chain, int N,
+                           RouteGeo geo) {
     constexpr int W = 32 * VEC;
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
@@ -1978,11 +1983,14 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
     // qg are zeros, so p = e = 0 there whatever v_k holds (ld_lane_clamped), and
     // they skip the rest.
     Packed<VEC> vk[NCH], nxt[NCH];
-    float dv[NCH][VEC];
+    float dv[NCH][VEC], nlse[NCH], nS[NCH];
     const float r = rk[t];
+    int hds[NCH];   // this lane's head in each chunk (0 past C)
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C);
+        const int c0 = ch * W + lane * VEC;
+        hds[ch] = c0 < C ? c0 / HC : 0;
+        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, c0, C);
 #pragma unroll
         for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
     }
@@ -1990,19 +1998,26 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
     {
         size_t row = (size_t)readers[0] * N + t;
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C); }
+        for (int ch = 0; ch < NCH; ch++) {
+            nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C);
+            nlse[ch] = lseall[row * H + hds[ch]];
+            nS[ch] = Sall[row * H + hds[ch]];
+        }
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = readers[jj];
-        const size_t row = (size_t)j * N + t;
         Packed<VEC> Gp[NCH];
-        float p[NCH], e[NCH];
+        float p[NCH], e[NCH], lse[NCH], S[NCH];
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
-        if (jj + 1 < nr) {   // prefetch the next reader's G
+        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
+        if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
             size_t rown = (size_t)readers[jj + 1] * N + t;
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+            for (int ch = 0; ch < NCH; ch++) {
+                nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C);
+                nlse[ch] = lseall[rown * H + hds[ch]];
+                nS[ch] = Sall[rown * H + hds[ch]];
+            }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2018,11 +2033,11 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
         head_sum<NCH>(e, geo);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            const int c0 = ch * W + lane * VEC, hd = c0 / HC;
+            const int c0 = ch * W + lane * VEC;
             if (c0 >= C) { continue; }
             // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
-            const float av = expf(r * e[ch] - lseall[row * H + hd]);
-            const float ds = av * (p[ch] - Sall[row * H + hd]);
+            const float av = expf(r * e[ch] - lse[ch]);
+            const float ds = av * (p[ch] - S[ch]);
             float G[VEC], qv[VEC];
             unpack(Gp[ch], G);
             ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
@@ -2030,7 +2045,7 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
             if (c0 % HC == 0) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+                dsr[((size_t)t * H + hds[ch]) * nr + jj] = ds * r;
             }
         }
     }
@@ -2051,87 +2066,161 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             for (int k = 0; k < VEC; k++) { dv[ch][k] += old[k]; }
         }
         st_f(dslot + (size_t)t * C + c0, dv[ch]);
+        if (dslotX) { st_lane(dslotX + (size_t)t * C + c0, dv[ch]); }
     }
 }
 
-// dq/dgamma pass of slot k: part (P, nr, C) = partition p's sum over its
-// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each reading
-// site jj. Block = 32 lanes of PV channels (PV = the layout's VEC: 8 is one
-// 16-byte load of v, and a head holds whole packs) x 8 position lanes (one warp
-// per position). The readers go in groups of ROUTE_PARAM_RB held in registers,
-// so v is read once per group, not once per reader; each reader's 8 lane sums
-// are then added in lane order through shared memory.
-#define ROUTE_PARAM_RB 8
-template <int PV>
+// dq/dgamma pass of slot k (forward: s[h] = r_k (qg_j[h] . v_k[h]), so qg_j's
+// gradient takes ds r v_k): part (P, nr, C) = partition p's sum over its
+// ROUTE_PART_ROWS positions of dsr[t, h(c), jj] * v_k[t][c], for every reading
+// site jj. Block = 256 threads of CPT adjacent channels (all in one head), so
+// 256*CPT channels; grid (ceil(C / (256 CPT)), P). Each thread sums its own
+// channels over the partition's positions in position order (no reduction
+// inside the block), for up to ROUTE_PARAM_RG readers held in registers (more
+// readers: one more pass over the partition per group). The positions go in
+// tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, H, nr) are first
+// copied into shared memory with coalesced loads, all in flight at once (the
+// old kernel had one 16-byte load per thread in flight and was latency-bound),
+// then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
+// padded), four readers per 16-byte broadcast read.
+#define ROUTE_PARAM_RG 32
+template <int CPT>
 __global__ void __launch_bounds__(256, 2)
 route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
-                        int H) {
-    __shared__ __align__(16) float red[8][32 * PV];
-    const int x = threadIdx.x % 32, y = threadIdx.x / 32, p = blockIdx.y;
-    const int c0 = (blockIdx.x * 32 + x) * PV, hd = c0 < C ? c0 / (C / H) : 0;
+                        int H, int tp) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int CB = 256 * CPT, VE = 16 / sizeof(floatX);   // channels per block; floatX per 16 bytes
+    const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    floatX *vs = reinterpret_cast<floatX *>(smem_raw);                      // (tp, CB)
+    float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(floatX));   // (tp, H, nrp)
+    const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
     const int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
-    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RB) {
-        float acc[ROUTE_PARAM_RB][PV];
+    const int ncb = min(CB, C - cb0);   // channels of this block
+    // the padding readers [nr, nrp) of every (t, h) row are zeros (never overwritten)
+    for (int q = threadIdx.x; q < tp * H; q += blockDim.x) {
+        for (int jj = nr; jj < nrp; jj++) { ds[(size_t)q * nrp + jj] = 0.0f; }
+    }
+    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RG) {
+        float acc[ROUTE_PARAM_RG][CPT];
 #pragma unroll
-        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+        for (int r = 0; r < ROUTE_PARAM_RG; r++) {
 #pragma unroll
-            for (int k = 0; k < PV; k++) { acc[r][k] = 0.0f; }
+            for (int k = 0; k < CPT; k++) { acc[r][k] = 0.0f; }
         }
-        if (c0 < C) {
-            for (int t = t0 + y; t < t1; t += 8) {
-                float vv[PV];
-                unpack(*reinterpret_cast<const Packed<PV> *>(v + (size_t)t * C + c0), vv);
-                const float *d = dsr + ((size_t)t * nr + j0) * H + hd;
+        for (int ta = t0; ta < t1; ta += tp) {
+            const int tn = min(tp, t1 - ta);
+            __syncthreads();   // the previous tile's reads are done
+            // v rows ta .. ta+tn, channels cb0 .. cb0+ncb -> vs
+            if (ncb % VE == 0 && C % VE == 0) {
+                const int nq = ncb / VE;
+                for (int q = threadIdx.x; q < tn * nq; q += blockDim.x) {
+                    const int t = q / nq, col = (q - t * nq) * VE;
+                    *reinterpret_cast<int4 *>(vs + (size_t)t * CB + col) =
+                        *reinterpret_cast<const int4 *>(v + (size_t)(ta + t) * C + cb0 + col);
+                }
+            } else {
+                for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
+                    const int t = q / ncb, col = q - t * ncb;
+                    vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
+                }
+            }
+            // dsr rows ta .. ta+tn: (tn * H) rows of nr floats, contiguous in dsr -> rows of nrp in ds.
+            // Element i = row * nr + jj, walked in steps of blockDim.x without a division per element.
+            {
+                const float *src = dsr + (size_t)ta * H * nr;
+                const int n = tn * H * nr, step_row = blockDim.x / nr, step_jj = blockDim.x % nr;
+                int row = threadIdx.x / nr, jj = threadIdx.x % nr;
+                for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                    ds[(size_t)row * nrp + jj] = src[i];
+                    row += step_row; jj += step_jj;
+                    if (jj >= nr) { jj -= nr; row++; }
+                }
+            }
+            __syncthreads();
+            if (c < C) {
+                for (int t = 0; t < tn; t++) {
+                    float vv[CPT];
+                    unpack(*reinterpret_cast<const Packed<CPT> *>(vs + (size_t)t * CB + cl), vv);
+                    const float *d = ds + ((size_t)t * H + hd) * nrp + j0;
 #pragma unroll
-                for (int r = 0; r < ROUTE_PARAM_RB; r++) {
-                    if (j0 + r < nr) {
-                        const float dr = d[r * H];
+                    for (int r4 = 0; r4 < ROUTE_PARAM_RG / 4; r4++) {
+                        if (j0 + 4 * r4 < nr) {   // block-uniform
+                            const float4 d4 = *reinterpret_cast<const float4 *>(d + 4 * r4);
 #pragma unroll
-                        for (int k = 0; k < PV; k++) { acc[r][k] += dr * vv[k]; }
+                            for (int k = 0; k < CPT; k++) {
+                                acc[4 * r4 + 0][k] += d4.x * vv[k];
+                                acc[4 * r4 + 1][k] += d4.y * vv[k];
+                                acc[4 * r4 + 2][k] += d4.z * vv[k];
+                                acc[4 * r4 + 3][k] += d4.w * vv[k];
+                            }
+                        }
                     }
                 }
             }
         }
+        if (c < C) {
 #pragma unroll
-        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
-            if (j0 + r >= nr) { break; }   // block-uniform
-            st_f(&red[y][x * PV], acc[r]);
-            __syncthreads();
-            for (int i = threadIdx.x; i < 32 * PV; i += blockDim.x) {
-                const int c = blockIdx.x * 32 * PV + i;
-                if (c < C) {
-                    float s = 0.0f;
-                    for (int yy = 0; yy < 8; yy++) { s += red[yy][i]; }
-                    part[((size_t)p * nr + j0 + r) * C + c] = s;
+            for (int r = 0; r < ROUTE_PARAM_RG; r++) {
+                if (j0 + r < nr) {
+#pragma unroll
+                    for (int k = 0; k < CPT; k++) { part[((size_t)p * nr + j0 + r) * C + c + k] = acc[r][k]; }
                 }
             }
-            __syncthreads();
         }
     }
 }
 
+// Positions per tile of route_slot_param_kernel<CPT>, and its shared memory:
+// the largest power of two up to 32 whose tile fits in 96 KB (so that two
+// blocks share an SM)
+static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
+    const size_t row = 256 * (size_t)CPT * sizeof(floatX) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
+    int tp = 32;
+    while (tp > 1 && tp * row > 96 * 1024) { tp /= 2; }
+    *smem = tp * row;
+    return tp;
+}
+
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
-// (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
-// the pair's qv (C) = sum over positions of ds r v_k. v (N, C) and r (N) are
-// slot k's; readers (nr) are the sites that read it and rd_pair their pair
-// indices (device). dsr (N, nr, H) and part (ceil(N/128) * nr * C) are scratch.
-void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const floatX *v, const float *r,
-                         const floatX *G, const float *S, const float *lse, const int *readers, const int *rd_pair,
-                         int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
+// (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
+// unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
+// positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
+// sites that read it and rd_pair their pair indices (device). dsr (N, H, nr) and
+// part (ceil(N/128) * nr * C) are scratch.
+void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
+                         const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
+                         const int *rd_pair, int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
-        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dsr, v, r, G, S, lse, readers, nr, qg,
-                                                                      chain, (int)N, geo);
+        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dslotX, dsr, v, r, G, S, lse, readers,
+                                                                      nr, qg, chain, (int)N, geo);
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
     prof("bwd route: q/gamma parts");
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    if (geo.vec == 8) {
-        route_slot_param_kernel<8><<<dim3(ceil_div(geo.C, 256), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    size_t smem;
+    if ((geo.C / geo.H) % 2 == 0) {   // two channels a thread, of one head
+        int tp = route_param_tile(2, nr, geo.H, &smem);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+            smem_set = smem;
+        }
+        route_slot_param_kernel<2><<<dim3(ceil_div(geo.C, 512), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                  geo.H, tp);
     } else {
-        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 32), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+        int tp = route_param_tile(1, nr, geo.H, &smem);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+            smem_set = smem;
+        }
+        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 256), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                  geo.H, tp);
     }
     launchCheck();
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
@@ -2294,7 +2383,7 @@ typedef struct {
     floatX *dmg, *dmu;  // (N, F)
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
-    float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
+    float *route_dsr;  // (N, H, J)  ds r of the slot being gathered, per reading site (mhar)
     float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
@@ -2624,9 +2713,10 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
                         a->ln_rstd + j * N, w, N, m->route_geo);
     int chain = (size_t)j + 1 < J && slot_chains(c, j);
     prof("bwd route: slot gather");
-    route_slot_backward(g->dslots, g->route_qv, g->route_dsr, g->route_part, SLOT(j), a->slot_r + j * N, g->route_G,
-                        g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j), m->slot_nr[j], a->route_qg, chain, N,
-                        m->route_geo);
+    // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
+    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_part, SLOT(j),
+                        a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
+                        m->slot_nr[j], a->route_qg, chain, N, m->route_geo);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position
@@ -2721,7 +2811,8 @@ void model_backward(Model *m, float dloss) {
             accumulate_kernel<<<ceil_div(N * C, 256), 256>>>(DSLOT(j), dout, N * C);
             launchCheck();
         }
-        cast(g->dout, dout, N * C);   // floatX copy for the matmul backwards
+        if (c->mode != RES_MHAR) { cast(g->dout, dout, N * C); }   // floatX copy for the matmul backwards
+                                                                   // (mhar: the slot gather wrote it)
         floatX *u = a->ln + j * N * C;
         zero(g->dln, N * C * sizeof(float));
         if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }

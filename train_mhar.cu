@@ -1955,6 +1955,17 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
     route_reduce_parts(dg, part, NULL, (int)nblk, 1, geo.C, 1);
 }
 
+// Prefetch into L1 the n floats at a (a row of lse or of S): lane l takes the
+// l-th 128-byte line the row touches (no register held, unlike a load; only
+// addresses inside the row)
+__device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane) {
+    const uintptr_t first = (uintptr_t)a & ~(uintptr_t)127, last = (uintptr_t)(a + n - 1) & ~(uintptr_t)127;
+    if ((uintptr_t)lane <= ((last - first) >> 7)) {
+        const uintptr_t p = lane == 0 ? (uintptr_t)a : first + ((uintptr_t)lane << 7);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
+
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
 // one warp per position. SPEC section 4's site backward, summed over the sites:
 //   dslot_k = sum_j [ r ds_j qg_j + a_j G_j ] - (r^3 / C) (sum_j u_j . v) v,
@@ -1963,11 +1974,12 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
 // recomputed here. When chain (slot k+1 = out_k + slot k), dslot holds
 // dslot_{k+1} on entry and the result adds it (in place); else dslot is only
 // written. dslotX (N, C), when not NULL, gets a floatX copy of the result (the
-// input of the matmul backwards of the sublayer that wrote slot k). Also
-// writes dsr (N, H, nr) = ds_j r for the dq/dgamma pass.
+// input of the matmul backwards of the sublayer that wrote slot k). Also writes
+// dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
-// The next reader's G row, lse and S are loaded before this reader's are used
-// (the lse and S loads used to wait a full memory latency per reader).
+// The next reader's G row is loaded into registers, and its lse and S rows into
+// L1 (prefetch: no registers), before this reader's are used; the lse and S
+// loads used to wait a full memory latency per reader.
 template <int VEC, int NCH>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
@@ -1983,14 +1995,11 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     // qg are zeros, so p = e = 0 there whatever v_k holds (ld_lane_clamped), and
     // they skip the rest.
     Packed<VEC> vk[NCH], nxt[NCH];
-    float dv[NCH][VEC], nlse[NCH], nS[NCH];
+    float dv[NCH][VEC];
     const float r = rk[t];
-    int hds[NCH];   // this lane's head in each chunk (0 past C)
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        const int c0 = ch * W + lane * VEC;
-        hds[ch] = c0 < C ? c0 / HC : 0;
-        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, c0, C);
+        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C);
 #pragma unroll
         for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
     }
@@ -1998,26 +2007,23 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     {
         size_t row = (size_t)readers[0] * N + t;
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) {
-            nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C);
-            nlse[ch] = lseall[row * H + hds[ch]];
-            nS[ch] = Sall[row * H + hds[ch]];
-        }
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C); }
+        prefetch_row_l1(lseall + row * H, H, lane);
+        prefetch_row_l1(Sall + row * H, H, lane);
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = readers[jj];
+        const size_t row = (size_t)j * N + t;
         Packed<VEC> Gp[NCH];
-        float p[NCH], e[NCH], lse[NCH], S[NCH];
+        float p[NCH], e[NCH];
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
+        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
         if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
             size_t rown = (size_t)readers[jj + 1] * N + t;
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) {
-                nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C);
-                nlse[ch] = lseall[rown * H + hds[ch]];
-                nS[ch] = Sall[rown * H + hds[ch]];
-            }
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+            prefetch_row_l1(lseall + rown * H, H, lane);
+            prefetch_row_l1(Sall + rown * H, H, lane);
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2033,11 +2039,11 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         head_sum<NCH>(e, geo);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            const int c0 = ch * W + lane * VEC;
+            const int c0 = ch * W + lane * VEC, hd = c0 / HC;
             if (c0 >= C) { continue; }
             // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
-            const float av = expf(r * e[ch] - lse[ch]);
-            const float ds = av * (p[ch] - S[ch]);
+            const float av = expf(r * e[ch] - lseall[row * H + hd]);
+            const float ds = av * (p[ch] - Sall[row * H + hd]);
             float G[VEC], qv[VEC];
             unpack(Gp[ch], G);
             ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
@@ -2045,7 +2051,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
             if (c0 % HC == 0) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * H + hds[ch]) * nr + jj] = ds * r;
+                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
             }
         }
     }
@@ -2070,15 +2076,24 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     }
 }
 
+// q = i / d, r = i % d for 0 <= i < 2^24 and d >= 1, through a float reciprocal
+// inv = 1.0f / d (one correction step), cheaper than an integer division
+__device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r) {
+    q = __float2int_rz((float)i * inv);
+    r = i - q * d;
+    if (r >= d) { q++; r -= d; }
+    if (r < 0) { q--; r += d; }
+}
+
 // dq/dgamma pass of slot k (forward: s[h] = r_k (qg_j[h] . v_k[h]), so qg_j's
 // gradient takes ds r v_k): part (P, nr, C) = partition p's sum over its
-// ROUTE_PART_ROWS positions of dsr[t, h(c), jj] * v_k[t][c], for every reading
+// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for every reading
 // site jj. Block = 256 threads of CPT adjacent channels (all in one head), so
 // 256*CPT channels; grid (ceil(C / (256 CPT)), P). Each thread sums its own
 // channels over the partition's positions in position order (no reduction
 // inside the block), for up to ROUTE_PARAM_RG readers held in registers (more
 // readers: one more pass over the partition per group). The positions go in
-// tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, H, nr) are first
+// tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, nr, H) are first
 // copied into shared memory with coalesced loads, all in flight at once (the
 // old kernel had one 16-byte load per thread in flight and was latency-bound),
 // then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
@@ -2091,6 +2106,7 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int CB = 256 * CPT, VE = 16 / sizeof(floatX);   // channels per block; floatX per 16 bytes
     const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const float invH = 1.0f / H, invnr = 1.0f / nr;
     floatX *vs = reinterpret_cast<floatX *>(smem_raw);                      // (tp, CB)
     float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(floatX));   // (tp, H, nrp)
     const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
@@ -2124,16 +2140,15 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
                     vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
                 }
             }
-            // dsr rows ta .. ta+tn: (tn * H) rows of nr floats, contiguous in dsr -> rows of nrp in ds.
-            // Element i = row * nr + jj, walked in steps of blockDim.x without a division per element.
+            // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
             {
-                const float *src = dsr + (size_t)ta * H * nr;
-                const int n = tn * H * nr, step_row = blockDim.x / nr, step_jj = blockDim.x % nr;
-                int row = threadIdx.x / nr, jj = threadIdx.x % nr;
+                const float *src = dsr + (size_t)ta * nr * H;
+                const int n = tn * nr * H;
                 for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                    ds[(size_t)row * nrp + jj] = src[i];
-                    row += step_row; jj += step_jj;
-                    if (jj >= nr) { jj -= nr; row++; }
+                    int row, hd2, t, jj;
+                    fdivmod(i, H, invH, row, hd2);
+                    fdivmod(row, nr, invnr, t, jj);
+                    ds[((size_t)t * H + hd2) * nrp + jj] = src[i];
                 }
             }
             __syncthreads();
@@ -2186,7 +2201,7 @@ static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
 // (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
 // unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
 // positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
-// sites that read it and rd_pair their pair indices (device). dsr (N, H, nr) and
+// sites that read it and rd_pair their pair indices (device). dsr (N, nr, H) and
 // part (ceil(N/128) * nr * C) are scratch.
 void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
@@ -2383,7 +2398,7 @@ typedef struct {
     floatX *dmg, *dmu;  // (N, F)
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
-    float *route_dsr;  // (N, H, J)  ds r of the slot being gathered, per reading site (mhar)
+    float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
     float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row

@@ -48,10 +48,12 @@ Versions (NOTES_route.md has the byte counts and predictions):
       3346376 (readers in groups of 8 in registers, partitions of 128 rows,
       32-lane fixed-order reduction of the partials).
   v5  branch rbwd2 (now in the trainer): the gather prefetches the next
-      reader's lse and S with its G, writes dsr as (N, H, nr) and a bf16 copy of
-      dslot; the q/gamma pass stages tiles of v and dsr in shared memory and keeps
+      reader's lse and S with its G, writes a bf16 copy of dslot; the q/gamma pass stages tiles of v and dsr in shared memory and keeps
       all readers of a thread's two channels in registers. --check also requires
-      the bf16 copy to equal bf16(dslot_0) bit for bit.
+      the bf16 copy to equal bf16(dslot_0) bit for bit. The next reader's lse
+      and S rows are prefetched into L1 (no registers).
+  v6  v5 with the next reader's lse and S prefetched into registers instead
+      (more registers: spills at C=512), for comparison.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -496,7 +498,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                     + N * Pp * H * 4 * 2               // ds r scratch: write, read
                     + N * J * V                        // dq/dgamma pass re-reads v_k
                     + 2 * Pp * npart * F;              // its partials
-            if (ver == 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
+            if (ver >= 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
         }
     }
     return b;
@@ -1163,17 +1165,29 @@ __global__ void route_dq_final_kernel(float *dq, float *dgamma, const float *qva
 //      registers (partitions of 128 positions, 8 position lanes reduced through
 //      shared memory), and the 32-lane fixed-order reduction of the partials.
 // v5 = branch rbwd2: the gather also prefetches the next reader's lse and S with
-//      its G (they waited a full memory latency per reader), writes dsr as
-//      (N, H, nr) and a bf16 copy of dslot (the input of the next sublayer's
+//      its G (they waited a full memory latency per reader), writes a bf16
+//      copy of dslot (the input of the next sublayer's
 //      matmul backwards: the trainer drops its cast); the q/gamma pass stages
 //      tiles of v and dsr in shared memory with coalesced loads and keeps all
 //      readers of a thread's two channels in registers (no in-block reduction).
 
 #define PART_ROWS45 128   // positions per partition of the v4/v5 q/gamma pass
 
-// Gather for slot k, v4 (v3's with u.v summed at the head's first lane) and v5
-// (V5: lse and S prefetched; dsr (N, H, nr); dslotX = bf16 copy of dslot).
-template <int C, int H, bool V5>
+// Prefetch into L1 the n floats at a (a row of lse or of S): lane l takes the
+// l-th 128-byte line the row touches (no register held, unlike a load)
+__device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane) {
+    const uintptr_t first = (uintptr_t)a & ~(uintptr_t)127, last = (uintptr_t)(a + n - 1) & ~(uintptr_t)127;
+    if ((uintptr_t)lane <= ((last - first) >> 7)) {
+        const uintptr_t p = lane == 0 ? (uintptr_t)a : first + ((uintptr_t)lane << 7);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
+
+// Gather for slot k. PF = 0: v4 (v3's, with u.v summed at the head's first
+// lane). PF = 1: v5 (the trainer's on rbwd2): the next reader's lse and S rows
+// prefetched into L1 with its G; dslotX = bf16 copy of dslot. PF = 2: v6, as
+// v5 but lse and S prefetched into registers (more registers, spills).
+template <int C, int H, int PF>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel(float *dslot, bf16 *dslotX, float *dsr,
                                                                 const bf16 *__restrict__ v, const float *__restrict__ rk,
                                                                 const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
@@ -1201,11 +1215,12 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8);
-            if (V5) {
+                    if (PF == 2) {
                 nlse[ch] = __ldg(lseall + row * H + head_of<C, H>(ch, lane));
                 nS[ch] = __ldg(Sall + row * H + head_of<C, H>(ch, lane));
             }
         }
+        if (PF == 1) { prefetch_row_l1(lseall + row * H, H, lane); prefetch_row_l1(Sall + row * H, H, lane); }
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = __ldg(readers + jj);
@@ -1219,11 +1234,12 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) {
                 nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8);
-                if (V5) {
+                if (PF == 2) {
                     nlse[ch] = __ldg(lseall + rown * H + head_of<C, H>(ch, lane));
                     nS[ch] = __ldg(Sall + rown * H + head_of<C, H>(ch, lane));
                 }
             }
+            if (PF == 1) { prefetch_row_l1(lseall + rown * H, H, lane); prefetch_row_l1(Sall + rown * H, H, lane); }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -1240,7 +1256,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             const int hd = head_of<C, H>(ch, lane);
-            if (!V5) { lse[ch] = __ldg(lseall + row * H + hd); S[ch] = __ldg(Sall + row * H + hd); }
+            if (PF != 2) { lse[ch] = __ldg(lseall + row * H + hd); S[ch] = __ldg(Sall + row * H + hd); }
             const float av = expf(r * e[ch] - lse[ch]);
             const float ds = av * (p[ch] - S[ch]);
             float G[8], qv[8];
@@ -1250,8 +1266,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
             for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
             if (head_first<C, H>(ch, lane)) {
                 T += ds * e[ch];
-                if (V5) { dsr[((size_t)t * H + hd) * nr + jj] = ds * r; }
-                else { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
+                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
             }
         }
     }
@@ -1263,7 +1278,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
         for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vv[k]; }
         st_f8(dslot + (size_t)t * C + ch * 256 + lane * 8, dv[ch]);
-        if (V5) { st_bf8(dslotX + (size_t)t * C + ch * 256 + lane * 8, dv[ch]); }
+        if (PF >= 1) { st_bf8(dslotX + (size_t)t * C + ch * 256 + lane * 8, dv[ch]); }
     }
 }
 
@@ -1317,11 +1332,20 @@ __global__ void __launch_bounds__(256, 2) route_param_v4_kernel(float *part, con
     }
 }
 
+// q = i / d, r = i % d for 0 <= i < 2^24 and d >= 1, through a float reciprocal
+// inv = 1.0f / d (one correction step), cheaper than an integer division
+__device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r) {
+    q = __float2int_rz((float)i * inv);
+    r = i - q * d;
+    if (r >= d) { q++; r -= d; }
+    if (r < 0) { q--; r += d; }
+}
+
 // q/gamma pass v5 (the trainer's route_slot_param_kernel<2> on branch rbwd2):
-// the same part (P, nr, C), from dsr (N, H, nr). Block = 256 threads of 2
+// the same part (P, nr, C). Block = 256 threads of 2
 // adjacent channels (512 channels); each thread sums its channels over the
 // partition's positions in order, up to 32 readers in registers. Tiles of tp
-// positions: v (tp, 512) bf16 and dsr (tp, H, nr) are copied into shared memory
+// positions: v (tp, 512) bf16 and dsr (tp, nr, H) are copied into shared memory
 // first (coalesced, all loads in flight), dsr as rows of nrp = nr rounded up to
 // 4 (zero padded), then read four readers per 16-byte broadcast.
 #define RG5 32
@@ -1331,6 +1355,7 @@ __global__ void __launch_bounds__(256, 2) route_param_v5_kernel(float *part, con
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int CB = 512;
     const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const float invH = 1.0f / H, invnr = 1.0f / nr;
     bf16 *vs = reinterpret_cast<bf16 *>(smem_raw);                                 // (tp, CB)
     float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(bf16));   // (tp, H, nrp)
     const int cl = threadIdx.x * 2, c = cb0 + cl, hd = c < C ? c / HC : 0;
@@ -1350,14 +1375,15 @@ __global__ void __launch_bounds__(256, 2) route_param_v5_kernel(float *part, con
                 const int t = q / nq, col = (q - t * nq) * 8;
                 *reinterpret_cast<uint4 *>(vs + (size_t)t * CB + col) = ld_raw(v + (size_t)(ta + t) * C + cb0 + col);
             }
+            // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
             {
-                const float *src = dsr + (size_t)ta * H * nr;
-                const int n = tn * H * nr, step_row = blockDim.x / nr, step_jj = blockDim.x % nr;
-                int row = threadIdx.x / nr, jj = threadIdx.x % nr;
+                const float *src = dsr + (size_t)ta * nr * H;
+                const int n = tn * nr * H;
                 for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                    ds[(size_t)row * nrp + jj] = src[i];
-                    row += step_row; jj += step_jj;
-                    if (jj >= nr) { jj -= nr; row++; }
+                    int row, hd2, t, jj;
+                    fdivmod(i, H, invH, row, hd2);
+                    fdivmod(row, nr, invnr, t, jj);
+                    ds[((size_t)t * H + hd2) * nrp + jj] = src[i];
                 }
             }
             __syncthreads();
@@ -1434,7 +1460,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*bwd2)(const Prob &, const Dev &, int j);
     void (*site3)(const Prob &, const Dev &, int j);
     void (*gather3)(const Prob &, const Dev &, int k);
-    void (*gather45)(const Prob &, const Dev &, int k, bool v5);
+    void (*gather45)(const Prob &, const Dev &, int k, int ver);
 };
 
 template <int C, int H> struct Impl {
@@ -1466,14 +1492,18 @@ template <int C, int H> struct Impl {
                                                           d.Gb, d.Sb, d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
         LAUNCH_CHECK();
     }
-    static void gather45(const Prob &P, const Dev &d, int k, bool v5) {
+    static void gather45(const Prob &P, const Dev &d, int k, int ver) {
         const size_t N = P.N;
-        if (v5) {
-            route_gather_v45_kernel<C, H, true><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+        if (ver == 6) {
+            route_gather_v45_kernel<C, H, 2><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                  d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                                                                  d.rd + k * P.J, P.nr[k], d.qg, P.N);
+        } else if (ver == 5) {
+            route_gather_v45_kernel<C, H, 1><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
                                                                      d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                                                                      d.rd + k * P.J, P.nr[k], d.qg, P.N);
         } else {
-            route_gather_v45_kernel<C, H, false><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, nullptr, d.dsr,
+            route_gather_v45_kernel<C, H, 0><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, nullptr, d.dsr,
                                                                       d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb,
                                                                       d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
         }
@@ -1590,8 +1620,8 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             LAUNCH_CHECK();
             const int k = j;
             const unsigned np = cdiv(N, PART_ROWS45);
-            ks.gather45(P, d, k, ver == 5);
-            if (ver == 5) {
+            ks.gather45(P, d, k, ver);
+            if (ver >= 5) {
                 int tp;
                 size_t smem = param_v5_smem(P.nr[k], P.H, &tp);
                 static size_t smem_set = 0;
@@ -1676,7 +1706,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.dg, J * C)};
     // v5: the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
     double xerr = 0.0;
-    if (ver == 5) {
+    if (ver >= 5) {
         std::vector<double> x = fetch(d.dslotX, NN * C);
         for (size_t i = 0; i < NN * C; i++) {
             double e = fabs(x[i] - bfr(got[5][i]));
@@ -1684,8 +1714,8 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         }
     }
     dev_free(d);
-    bool ok = ver != 5 || xerr == 0.0;
-    if (ver == 5) { printf("v5 dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", xerr, xerr == 0.0 ? "" : " (FAIL)"); }
+    bool ok = ver < 5 || xerr == 0.0;
+    if (ver >= 5) { printf("v%d dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", ver, xerr, xerr == 0.0 ? "" : " (FAIL)"); }
     printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
     for (int o = 0; o < NUM_OUT; o++) {
         const std::vector<double> &ref = ref_out(R, o);
@@ -1789,7 +1819,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 5; ver++) {
+    for (int ver = 1; ver <= 6; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -1827,8 +1857,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 5 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..5) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 6 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..6) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -1837,7 +1867,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 5 : ver;
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 6 : ver;
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

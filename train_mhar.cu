@@ -2099,6 +2099,7 @@ __device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r)
 // then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
 // padded), four readers per 16-byte broadcast read.
 #define ROUTE_PARAM_RG 32
+#define ROUTE_STAGE_U 8   // loads in flight per thread while staging a tile
 template <int CPT>
 __global__ void __launch_bounds__(256, 2)
 route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
@@ -2126,13 +2127,27 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
         for (int ta = t0; ta < t1; ta += tp) {
             const int tn = min(tp, t1 - ta);
             __syncthreads();   // the previous tile's reads are done
-            // v rows ta .. ta+tn, channels cb0 .. cb0+ncb -> vs
+            // v rows ta .. ta+tn, channels cb0 .. cb0+ncb -> vs; ROUTE_STAGE_U loads a thread are
+            // issued before their stores (a load-store loop would wait a memory latency per load)
             if (ncb % VE == 0 && C % VE == 0) {
-                const int nq = ncb / VE;
-                for (int q = threadIdx.x; q < tn * nq; q += blockDim.x) {
-                    const int t = q / nq, col = (q - t * nq) * VE;
-                    *reinterpret_cast<int4 *>(vs + (size_t)t * CB + col) =
-                        *reinterpret_cast<const int4 *>(v + (size_t)(ta + t) * C + cb0 + col);
+                const int nq = ncb / VE, nv = tn * nq;
+                const float invnq = 1.0f / nq;
+                for (int q0 = threadIdx.x; q0 < nv; q0 += ROUTE_STAGE_U * blockDim.x) {
+                    int4 buf[ROUTE_STAGE_U];
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int q = q0 + u * blockDim.x;
+                        int t, col;
+                        fdivmod(q, nq, invnq, t, col);
+                        if (q < nv) { buf[u] = *reinterpret_cast<const int4 *>(v + (size_t)(ta + t) * C + cb0 + col * VE); }
+                    }
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int q = q0 + u * blockDim.x;
+                        int t, col;
+                        fdivmod(q, nq, invnq, t, col);
+                        if (q < nv) { *reinterpret_cast<int4 *>(vs + (size_t)t * CB + col * VE) = buf[u]; }
+                    }
                 }
             } else {
                 for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
@@ -2144,11 +2159,21 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
             {
                 const float *src = dsr + (size_t)ta * nr * H;
                 const int n = tn * nr * H;
-                for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                    int row, hd2, t, jj;
-                    fdivmod(i, H, invH, row, hd2);
-                    fdivmod(row, nr, invnr, t, jj);
-                    ds[((size_t)t * H + hd2) * nrp + jj] = src[i];
+                for (int i0 = threadIdx.x; i0 < n; i0 += ROUTE_STAGE_U * blockDim.x) {
+                    float buf[ROUTE_STAGE_U];
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        if (i < n) { buf[u] = src[i]; }
+                    }
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        int row, hd2, t, jj;
+                        fdivmod(i, H, invH, row, hd2);
+                        fdivmod(row, nr, invnr, t, jj);
+                        if (i < n) { ds[((size_t)t * H + hd2) * nrp + jj] = buf[u]; }
+                    }
                 }
             }
             __syncthreads();

@@ -1371,20 +1371,44 @@ __global__ void __launch_bounds__(256, 2) route_param_v5_kernel(float *part, con
         for (int ta = t0; ta < t1; ta += tp) {
             const int tn = min(tp, t1 - ta);
             __syncthreads();
-            const int nq = ncb / 8;   // C is a multiple of 256 in the lab
-            for (int q = threadIdx.x; q < tn * nq; q += blockDim.x) {
-                const int t = q / nq, col = (q - t * nq) * 8;
-                *reinterpret_cast<uint4 *>(vs + (size_t)t * CB + col) = ld_raw(v + (size_t)(ta + t) * C + cb0 + col);
+            const int nq = ncb / 8, nv = tn * nq;   // C is a multiple of 256 in the lab
+            const float invnq = 1.0f / nq;
+            for (int q0 = threadIdx.x; q0 < nv; q0 += 8 * blockDim.x) {   // 8 loads in flight, then the stores
+                uint4 buf[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int q = q0 + u * blockDim.x;
+                    int t, col;
+                    fdivmod(q, nq, invnq, t, col);
+                    if (q < nv) { buf[u] = ld_raw(v + (size_t)(ta + t) * C + cb0 + col * 8); }
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int q = q0 + u * blockDim.x;
+                    int t, col;
+                    fdivmod(q, nq, invnq, t, col);
+                    if (q < nv) { *reinterpret_cast<uint4 *>(vs + (size_t)t * CB + col * 8) = buf[u]; }
+                }
             }
             // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
             {
                 const float *src = dsr + (size_t)ta * nr * H;
                 const int n = tn * nr * H;
-                for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                    int row, hd2, t, jj;
-                    fdivmod(i, H, invH, row, hd2);
-                    fdivmod(row, nr, invnr, t, jj);
-                    ds[((size_t)t * H + hd2) * nrp + jj] = src[i];
+                for (int i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {
+                    float buf[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        if (i < n) { buf[u] = src[i]; }
+                    }
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        int row, hd2, t, jj;
+                        fdivmod(i, H, invH, row, hd2);
+                        fdivmod(row, nr, invnr, t, jj);
+                        if (i < n) { ds[((size_t)t * H + hd2) * nrp + jj] = buf[u]; }
+                    }
                 }
             }
             __syncthreads();

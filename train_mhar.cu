@@ -2094,8 +2094,9 @@ __device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r)
 // inside the block), for up to ROUTE_PARAM_RG readers held in registers (more
 // readers: one more pass over the partition per group). The positions go in
 // tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, nr, H) are first
-// copied into shared memory with coalesced loads, all in flight at once (the
-// old kernel had one 16-byte load per thread in flight and was latency-bound),
+// copied into shared memory with coalesced loads, ROUTE_STAGE_U a thread in
+// flight (the old kernel had one 16-byte load per thread in flight and was
+// latency-bound),
 // then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
 // padded), four readers per 16-byte broadcast read.
 #define ROUTE_PARAM_RG 32

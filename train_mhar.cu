@@ -2317,6 +2317,17 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
     route_reduce_parts(dg, part, NULL, (int)nblk, 1, geo.C, 1);
 }
 
+// Prefetch into L1 the n floats at a (a row of lse or of S): lane l takes the
+// l-th 128-byte line the row touches (no register held, unlike a load; only
+// addresses inside the row)
+__device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane) {
+    const uintptr_t first = (uintptr_t)a & ~(uintptr_t)127, last = (uintptr_t)(a + n - 1) & ~(uintptr_t)127;
+    if ((uintptr_t)lane <= ((last - first) >> 7)) {
+        const uintptr_t p = lane == 0 ? (uintptr_t)a : first + ((uintptr_t)lane << 7);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
+
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
 // one warp per position. SPEC section 4's site backward, summed over the sites:
 //   dslot_k = sum_j [ r ds_j qg_j + a_j G_j ] - (r^3 / C) (sum_j u_j . v) v,
@@ -2324,14 +2335,20 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
 // a_j = exp(r e - lse_j), ds_j = a_j (p - S_j), u_j . v = sum_h ds_j e, all
 // recomputed here. When chain (slot k+1 = out_k + slot k), dslot holds
 // dslot_{k+1} on entry and the result adds it (in place); else dslot is only
-// written. Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
+// written. dslotX (N, C), when not NULL, gets a floatX copy of the result (the
+// input of the matmul backwards of the sublayer that wrote slot k). Also writes
+// dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
+// The next reader's G row is loaded into registers, and its lse and S rows into
+// L1 (prefetch: no registers), before this reader's are used; the lse and S
+// loads used to wait a full memory latency per reader.
 template <int VEC, int NCH>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
-route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ v, const float *__restrict__ rk,
-                           const floatX *__restrict__ Gall, const float *__restrict__ Sall,
-                           const float *__restrict__ lseall, const int *__restrict__ readers, int nr,
-                           const float *__restrict__ qg, int chain, int N, RouteGeo geo) {
+route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
+                           const float *__restrict__ rk, const floatX *__restrict__ Gall,
+                           const float *__restrict__ Sall, const float *__restrict__ lseall,
+                           const int *__restrict__ readers, int nr, const float *__restrict__ qg, int chain, int N,
+                           RouteGeo geo) {
     constexpr int W = 32 * VEC;
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
@@ -2353,6 +2370,8 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
         size_t row = (size_t)readers[0] * N + t;
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C); }
+        prefetch_row_l1(lseall + row * H, H, lane);
+        prefetch_row_l1(Sall + row * H, H, lane);
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = readers[jj];
@@ -2361,10 +2380,12 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
         float p[NCH], e[NCH];
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
-        if (jj + 1 < nr) {   // prefetch the next reader's G
+        if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
             size_t rown = (size_t)readers[jj + 1] * N + t;
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+            prefetch_row_l1(lseall + rown * H, H, lane);
+            prefetch_row_l1(Sall + rown * H, H, lane);
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2413,87 +2434,196 @@ route_slot_backward_kernel(float *dslot, float *dsr, const floatX *__restrict__ 
             for (int k = 0; k < VEC; k++) { dv[ch][k] += old[k]; }
         }
         st_f(dslot + (size_t)t * C + c0, dv[ch]);
+        if (dslotX) { st_lane(dslotX + (size_t)t * C + c0, dv[ch]); }
     }
 }
 
-// dq/dgamma pass of slot k: part (P, nr, C) = partition p's sum over its
-// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for each reading
-// site jj. Block = 32 lanes of PV channels (PV = the layout's VEC: 8 is one
-// 16-byte load of v, and a head holds whole packs) x 8 position lanes (one warp
-// per position). The readers go in groups of ROUTE_PARAM_RB held in registers,
-// so v is read once per group, not once per reader; each reader's 8 lane sums
-// are then added in lane order through shared memory.
-#define ROUTE_PARAM_RB 8
-template <int PV>
+// q = i / d, r = i % d for 0 <= i < 2^24 and d >= 1, through a float reciprocal
+// inv = 1.0f / d (one correction step), cheaper than an integer division
+__device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r) {
+    q = __float2int_rz((float)i * inv);
+    r = i - q * d;
+    if (r >= d) { q++; r -= d; }
+    if (r < 0) { q--; r += d; }
+}
+
+// dq/dgamma pass of slot k (forward: s[h] = r_k (qg_j[h] . v_k[h]), so qg_j's
+// gradient takes ds r v_k): part (P, nr, C) = partition p's sum over its
+// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for every reading
+// site jj. Block = 256 threads of CPT adjacent channels (all in one head), so
+// 256*CPT channels; grid (ceil(C / (256 CPT)), P). Each thread sums its own
+// channels over the partition's positions in position order (no reduction
+// inside the block), for up to ROUTE_PARAM_RG readers held in registers (more
+// readers: one more pass over the partition per group). The positions go in
+// tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, nr, H) are first
+// copied into shared memory with coalesced loads, ROUTE_STAGE_U a thread in
+// flight (the old kernel had one 16-byte load per thread in flight and was
+// latency-bound),
+// then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
+// padded), four readers per 16-byte broadcast read.
+#define ROUTE_PARAM_RG 32
+#define ROUTE_STAGE_U 8   // loads in flight per thread while staging a tile
+template <int CPT>
 __global__ void __launch_bounds__(256, 2)
 route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
-                        int H) {
-    __shared__ __align__(16) float red[8][32 * PV];
-    const int x = threadIdx.x % 32, y = threadIdx.x / 32, p = blockIdx.y;
-    const int c0 = (blockIdx.x * 32 + x) * PV, hd = c0 < C ? c0 / (C / H) : 0;
+                        int H, int tp) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int CB = 256 * CPT, VE = 16 / sizeof(floatX);   // channels per block; floatX per 16 bytes
+    const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const float invH = 1.0f / H, invnr = 1.0f / nr;
+    floatX *vs = reinterpret_cast<floatX *>(smem_raw);                      // (tp, CB)
+    float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(floatX));   // (tp, H, nrp)
+    const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
     const int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
-    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RB) {
-        float acc[ROUTE_PARAM_RB][PV];
+    const int ncb = min(CB, C - cb0);   // channels of this block
+    // the padding readers [nr, nrp) of every (t, h) row are zeros (never overwritten)
+    for (int q = threadIdx.x; q < tp * H; q += blockDim.x) {
+        for (int jj = nr; jj < nrp; jj++) { ds[(size_t)q * nrp + jj] = 0.0f; }
+    }
+    for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RG) {
+        float acc[ROUTE_PARAM_RG][CPT];
 #pragma unroll
-        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
+        for (int r = 0; r < ROUTE_PARAM_RG; r++) {
 #pragma unroll
-            for (int k = 0; k < PV; k++) { acc[r][k] = 0.0f; }
+            for (int k = 0; k < CPT; k++) { acc[r][k] = 0.0f; }
         }
-        if (c0 < C) {
-            for (int t = t0 + y; t < t1; t += 8) {
-                float vv[PV];
-                unpack(*reinterpret_cast<const Packed<PV> *>(v + (size_t)t * C + c0), vv);
-                const float *d = dsr + ((size_t)t * nr + j0) * H + hd;
+        for (int ta = t0; ta < t1; ta += tp) {
+            const int tn = min(tp, t1 - ta);
+            __syncthreads();   // the previous tile's reads are done
+            // v rows ta .. ta+tn, channels cb0 .. cb0+ncb -> vs; ROUTE_STAGE_U loads a thread are
+            // issued before their stores (a load-store loop would wait a memory latency per load)
+            if (ncb % VE == 0 && C % VE == 0) {
+                const int nq = ncb / VE, nv = tn * nq;
+                const float invnq = 1.0f / nq;
+                for (int q0 = threadIdx.x; q0 < nv; q0 += ROUTE_STAGE_U * blockDim.x) {
+                    int4 buf[ROUTE_STAGE_U];
 #pragma unroll
-                for (int r = 0; r < ROUTE_PARAM_RB; r++) {
-                    if (j0 + r < nr) {
-                        const float dr = d[r * H];
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int q = q0 + u * blockDim.x;
+                        int t, col;
+                        fdivmod(q, nq, invnq, t, col);
+                        if (q < nv) { buf[u] = *reinterpret_cast<const int4 *>(v + (size_t)(ta + t) * C + cb0 + col * VE); }
+                    }
 #pragma unroll
-                        for (int k = 0; k < PV; k++) { acc[r][k] += dr * vv[k]; }
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int q = q0 + u * blockDim.x;
+                        int t, col;
+                        fdivmod(q, nq, invnq, t, col);
+                        if (q < nv) { *reinterpret_cast<int4 *>(vs + (size_t)t * CB + col * VE) = buf[u]; }
+                    }
+                }
+            } else {
+                for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
+                    const int t = q / ncb, col = q - t * ncb;
+                    vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
+                }
+            }
+            // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
+            {
+                const float *src = dsr + (size_t)ta * nr * H;
+                const int n = tn * nr * H;
+                for (int i0 = threadIdx.x; i0 < n; i0 += ROUTE_STAGE_U * blockDim.x) {
+                    float buf[ROUTE_STAGE_U];
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        if (i < n) { buf[u] = src[i]; }
+                    }
+#pragma unroll
+                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        int row, hd2, t, jj;
+                        fdivmod(i, H, invH, row, hd2);
+                        fdivmod(row, nr, invnr, t, jj);
+                        if (i < n) { ds[((size_t)t * H + hd2) * nrp + jj] = buf[u]; }
+                    }
+                }
+            }
+            __syncthreads();
+            if (c < C) {
+                for (int t = 0; t < tn; t++) {
+                    float vv[CPT];
+                    unpack(*reinterpret_cast<const Packed<CPT> *>(vs + (size_t)t * CB + cl), vv);
+                    const float *d = ds + ((size_t)t * H + hd) * nrp + j0;
+#pragma unroll
+                    for (int r4 = 0; r4 < ROUTE_PARAM_RG / 4; r4++) {
+                        if (j0 + 4 * r4 < nr) {   // block-uniform
+                            const float4 d4 = *reinterpret_cast<const float4 *>(d + 4 * r4);
+#pragma unroll
+                            for (int k = 0; k < CPT; k++) {
+                                acc[4 * r4 + 0][k] += d4.x * vv[k];
+                                acc[4 * r4 + 1][k] += d4.y * vv[k];
+                                acc[4 * r4 + 2][k] += d4.z * vv[k];
+                                acc[4 * r4 + 3][k] += d4.w * vv[k];
+                            }
+                        }
                     }
                 }
             }
         }
+        if (c < C) {
 #pragma unroll
-        for (int r = 0; r < ROUTE_PARAM_RB; r++) {
-            if (j0 + r >= nr) { break; }   // block-uniform
-            st_f(&red[y][x * PV], acc[r]);
-            __syncthreads();
-            for (int i = threadIdx.x; i < 32 * PV; i += blockDim.x) {
-                const int c = blockIdx.x * 32 * PV + i;
-                if (c < C) {
-                    float s = 0.0f;
-                    for (int yy = 0; yy < 8; yy++) { s += red[yy][i]; }
-                    part[((size_t)p * nr + j0 + r) * C + c] = s;
+            for (int r = 0; r < ROUTE_PARAM_RG; r++) {
+                if (j0 + r < nr) {
+#pragma unroll
+                    for (int k = 0; k < CPT; k++) { part[((size_t)p * nr + j0 + r) * C + c + k] = acc[r][k]; }
                 }
             }
-            __syncthreads();
         }
     }
 }
 
+// Positions per tile of route_slot_param_kernel<CPT>, and its shared memory:
+// the largest power of two up to 32 whose tile fits in 96 KB (so that two
+// blocks share an SM)
+static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
+    const size_t row = 256 * (size_t)CPT * sizeof(floatX) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
+    int tp = 32;
+    while (tp > 1 && tp * row > 96 * 1024) { tp /= 2; }
+    *smem = tp * row;
+    return tp;
+}
+
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
-// (adding the dslot_{k+1} it holds when chain) and, for each of the nr readers,
-// the pair's qv (C) = sum over positions of ds r v_k. v (N, C) and r (N) are
-// slot k's; readers (nr) are the sites that read it and rd_pair their pair
-// indices (device). dsr (N, nr, H) and part (ceil(N/128) * nr * C) are scratch.
-void route_slot_backward(float *dslot, float *qv, float *dsr, float *part, const floatX *v, const float *r,
-                         const floatX *G, const float *S, const float *lse, const int *readers, const int *rd_pair,
-                         int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
+// (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
+// unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
+// positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
+// sites that read it and rd_pair their pair indices (device). dsr (N, nr, H) and
+// part (ceil(N/128) * nr * C) are scratch.
+void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
+                         const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
+                         const int *rd_pair, int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
-        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dsr, v, r, G, S, lse, readers, nr, qg,
-                                                                      chain, (int)N, geo);
+        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dslotX, dsr, v, r, G, S, lse, readers,
+                                                                      nr, qg, chain, (int)N, geo);
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
     prof("bwd route: q/gamma parts");
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    if (geo.vec == 8) {
-        route_slot_param_kernel<8><<<dim3(ceil_div(geo.C, 256), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+    size_t smem;
+    if ((geo.C / geo.H) % 2 == 0) {   // two channels a thread, of one head
+        int tp = route_param_tile(2, nr, geo.H, &smem);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+            smem_set = smem;
+        }
+        route_slot_param_kernel<2><<<dim3(ceil_div(geo.C, 512), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                  geo.H, tp);
     } else {
-        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 32), P), 256>>>(part, dsr, v, nr, (int)N, geo.C, geo.H);
+        int tp = route_param_tile(1, nr, geo.H, &smem);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem));
+            smem_set = smem;
+        }
+        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 256), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                  geo.H, tp);
     }
     launchCheck();
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
@@ -3158,9 +3288,10 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
                         a->ln_rstd + j * N, w, N, m->route_geo);
     int chain = (size_t)j + 1 < J && slot_chains(c, j);
     prof("bwd route: slot gather");
-    route_slot_backward(g->dslots, g->route_qv, g->route_dsr, g->route_part, SLOT(j), a->slot_r + j * N, g->route_G,
-                        g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j), m->slot_nr[j], a->route_qg, chain, N,
-                        m->route_geo);
+    // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
+    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_part, SLOT(j),
+                        a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
+                        m->slot_nr[j], a->route_qg, chain, N, m->route_geo);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position
@@ -3276,10 +3407,8 @@ void model_backward(Model *m, float dloss) {
         // complete; it is dL/dout_j. std: site j+1's norm backward wrote its floatX copy g->dout,
         // and dslots goes on to become dslot j in site j's (a chained slot passes its gradient on)
         floatX *u = ULN(j);
-        if (c->mode == RES_MHAR) {   // (mhar: route_slot_backward adds the chained slot's gradient)
-            prof("bwd residual + cast");
-            float *dout = g->dslots;
-            cast(g->dout, dout, N * C);   // floatX copy for the matmul backwards
+        if (c->mode == RES_MHAR) {   // (mhar: route_slot_backward adds the chained slot's gradient,
+                                     // and its gather of slot j+1 wrote the floatX copy into g->dout)
             // u_j = rmsnorm(h_j; g_j), recomputed bit for bit into the one u buffer
             prof("bwd recompute u");
             rmsnorm_apply(u, a->h + j * N * C, a->ln_rstd + j * N, site_norm_w(m, (int)j), N, C);

@@ -13,6 +13,7 @@ Run:
     ./route --bytes [shape flags]   byte counts per version; no GPU needed
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
+    --vmax M                        with --version N: versions N..M (inputs drawn once)
     ./route --all                   --check and --bench of every version
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
@@ -44,6 +45,16 @@ Versions (NOTES_route.md has the byte counts and predictions):
       then, once per slot k, one kernel sums the contributions of ALL sites that
       read slot k (p, e, a, ds recomputed from v_k, G_j, lse_j, S_j) and writes
       dslot_k once. No fp32 read-modify-write, no per-pair pass over sources.
+  v4  v3's site kernels; the trainer's gather and q/gamma pass as of commit
+      3346376 (readers in groups of 8 in registers, partitions of 128 rows,
+      32-lane fixed-order reduction of the partials).
+  v5  branch rbwd2 (now in the trainer): the gather prefetches the next
+      reader's lse and S with its G, writes a bf16 copy of dslot; the q/gamma pass stages tiles of v and dsr in shared memory and keeps
+      all readers of a thread's two channels in registers. --check also requires
+      the bf16 copy to equal bf16(dslot_0) bit for bit. The next reader's lse
+      and S rows are prefetched into L1 (no registers).
+  v6  v5 with the next reader's lse and S prefetched into registers instead
+      (more registers: spills at C=512), for comparison.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -400,7 +411,7 @@ static const std::vector<double> &ref_out(const Ref &R, int o) {
 }
 // The outputs a version's storage rounds, for the emulated reference
 static Emu version_emu(int ver) {
-    Emu e = {true, true, ver == 3, ver >= 2, ver == 1};
+    Emu e = {true, true, ver >= 3, ver >= 2, ver == 1};
     return e;
 }
 
@@ -456,7 +467,7 @@ struct Bytes { double fwd, bwd; };
 static Bytes count_bytes(const Prob &P, int ver) {
     const double N = P.N, C = P.C, H = P.H, J = P.J, Pp = P.P;
     const double V = 2 * C, F = 4 * C;                 // one bf16 vector, one fp32 vector
-    const double nblk = ceil(N / 32), npart = ceil(N / 256);
+    const double nblk = ceil(N / 32), npart = ceil(N / (ver >= 4 ? 128 : 256));
     Bytes b;
     double stats = J * N * (V + 4);                    // r_i: read each slot once, write r
     if (ver == 1) {
@@ -488,6 +499,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                     + N * Pp * H * 4 * 2               // ds r scratch: write, read
                     + N * J * V                        // dq/dgamma pass re-reads v_k
                     + 2 * Pp * npart * F;              // its partials
+            if (ver >= 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
         }
     }
     return b;
@@ -1148,6 +1160,314 @@ __global__ void route_dq_final_kernel(float *dq, float *dgamma, const float *qva
 }
 
 // ----------------------------------------------------------------------------
+// v4 and v5: the trainer's slot gather and q/gamma pass (train_mhar.cu), bf16 only.
+// v4 = the trainer at commit 3346376: v3's gather (the u.v sum at each head's
+//      first lane), the q/gamma pass with readers in groups of 8 held in
+//      registers (partitions of 128 positions, 8 position lanes reduced through
+//      shared memory), and the 32-lane fixed-order reduction of the partials.
+// v5 = branch rbwd2: the gather also prefetches the next reader's lse and S with
+//      its G (they waited a full memory latency per reader), writes a bf16
+//      copy of dslot (the input of the next sublayer's
+//      matmul backwards: the trainer drops its cast); the q/gamma pass stages
+//      tiles of v and dsr in shared memory with coalesced loads and keeps all
+//      readers of a thread's two channels in registers (no in-block reduction).
+
+#define PART_ROWS45 128   // positions per partition of the v4/v5 q/gamma pass
+
+// Prefetch into L1 the n floats at a (a row of lse or of S): lane l takes the
+// l-th 128-byte line the row touches (no register held, unlike a load)
+__device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane) {
+    const uintptr_t first = (uintptr_t)a & ~(uintptr_t)127, last = (uintptr_t)(a + n - 1) & ~(uintptr_t)127;
+    if ((uintptr_t)lane <= ((last - first) >> 7)) {
+        const uintptr_t p = lane == 0 ? (uintptr_t)a : first + ((uintptr_t)lane << 7);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
+
+// Gather for slot k. PF = 0: v4 (v3's, with u.v summed at the head's first
+// lane). PF = 1: v5 (the trainer's on rbwd2): the next reader's lse and S rows
+// prefetched into L1 with its G; dslotX = bf16 copy of dslot. PF = 2: v6, as
+// v5 but lse and S prefetched into registers (more registers, spills).
+template <int C, int H, int PF>
+__global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel(float *dslot, bf16 *dslotX, float *dsr,
+                                                                const bf16 *__restrict__ v, const float *__restrict__ rk,
+                                                                const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
+                                                                const float *__restrict__ lseall,
+                                                                const int *__restrict__ readers, int nr,
+                                                                const float *__restrict__ qg, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    uint4 vraw[NCH], nxt[NCH];
+    float dv[NCH][8], nlse[NCH], nS[NCH];
+    const float r = rk[t];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) { nlse[ch] = 0.0f; nS[ch] = 0.0f; }
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        vraw[ch] = ld_raw(v + (size_t)t * C + ch * 256 + lane * 8);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    float T = 0.0f;   // this lane's share of sum_j u_j . v
+    {
+        size_t row = (size_t)__ldg(readers) * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8);
+                    if (PF == 2) {
+                nlse[ch] = __ldg(lseall + row * H + head_of<C, H>(ch, lane));
+                nS[ch] = __ldg(Sall + row * H + head_of<C, H>(ch, lane));
+            }
+        }
+        if (PF == 1) { prefetch_row_l1(lseall + row * H, H, lane); prefetch_row_l1(Sall + row * H, H, lane); }
+    }
+    for (int jj = 0; jj < nr; jj++) {
+        const int j = __ldg(readers + jj);
+        const size_t row = (size_t)j * N + t;
+        uint4 Graw[NCH];
+        float p[NCH], e[NCH], lse[NCH], S[NCH];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { Graw[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
+        if (jj + 1 < nr) {
+            size_t rown = (size_t)__ldg(readers + jj + 1) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8);
+                if (PF == 2) {
+                    nlse[ch] = __ldg(lseall + rown * H + head_of<C, H>(ch, lane));
+                    nS[ch] = __ldg(Sall + rown * H + head_of<C, H>(ch, lane));
+                }
+            }
+            if (PF == 1) { prefetch_row_l1(lseall + rown * H, H, lane); prefetch_row_l1(Sall + rown * H, H, lane); }
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float G[8], vv[8], qv[8], pd = 0.0f, ed = 0.0f;
+            unpack8(Graw[ch], G);
+            unpack8(vraw[ch], vv);
+            ld_f8(qg + (size_t)j * C + ch * 256 + lane * 8, qv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
+            p[ch] = pd; e[ch] = ed;
+        }
+        head_sum<C, H>(p);
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int hd = head_of<C, H>(ch, lane);
+            if (PF != 2) { lse[ch] = __ldg(lseall + row * H + hd); S[ch] = __ldg(Sall + row * H + hd); }
+            const float av = expf(r * e[ch] - lse[ch]);
+            const float ds = av * (p[ch] - S[ch]);
+            float G[8], qv[8];
+            unpack8(Graw[ch], G);
+            ld_f8(qg + (size_t)j * C + ch * 256 + lane * 8, qv);   // L1 hit: every warp reads the same qg_j
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
+            if (head_first<C, H>(ch, lane)) {
+                T += ds * e[ch];
+                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+            }
+        }
+    }
+    const float k3 = r * r * r / C * warp_sum(T);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float vv[8];
+        unpack8(vraw[ch], vv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vv[k]; }
+        st_f8(dslot + (size_t)t * C + ch * 256 + lane * 8, dv[ch]);
+        if (PF >= 1) { st_bf8(dslotX + (size_t)t * C + ch * 256 + lane * 8, dv[ch]); }
+    }
+}
+
+// q/gamma pass v4 (the trainer's before rbwd2): part (P, nr, C) = partition p's
+// sum over its PART_ROWS45 positions of dsr[t, jj, h(c)] * v_k[t][c]. Block =
+// 32 lanes of 8 channels x 8 position lanes; readers in groups of 8 held in
+// registers (v read once per group); lane sums added in order through shared memory.
+__global__ void __launch_bounds__(256, 2) route_param_v4_kernel(float *part, const float *__restrict__ dsr,
+                                                               const bf16 *__restrict__ v, int nr, int N, int C, int H) {
+    __shared__ __align__(16) float red[8][256];
+    const int x = threadIdx.x % 32, y = threadIdx.x / 32, p = blockIdx.y;
+    const int c0 = (blockIdx.x * 32 + x) * 8, hd = c0 < C ? c0 / (C / H) : 0;
+    const int t0 = p * PART_ROWS45, t1 = min(t0 + PART_ROWS45, N);
+    for (int j0 = 0; j0 < nr; j0 += 8) {
+        float acc[8][8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { acc[r][k] = 0.0f; }
+        }
+        if (c0 < C) {
+            for (int t = t0 + y; t < t1; t += 8) {
+                float vv[8];
+                unpack8(ld_raw(v + (size_t)t * C + c0), vv);
+                const float *d = dsr + ((size_t)t * nr + j0) * H + hd;
+#pragma unroll
+                for (int r = 0; r < 8; r++) {
+                    if (j0 + r < nr) {
+                        const float dr = d[r * H];
+#pragma unroll
+                        for (int k = 0; k < 8; k++) { acc[r][k] += dr * vv[k]; }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (j0 + r >= nr) { break; }
+            st_f8(&red[y][x * 8], acc[r]);
+            __syncthreads();
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+                const int c = blockIdx.x * 256 + i;
+                if (c < C) {
+                    float s = 0.0f;
+                    for (int yy = 0; yy < 8; yy++) { s += red[yy][i]; }
+                    part[((size_t)p * nr + j0 + r) * C + c] = s;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// q = i / d, r = i % d for 0 <= i < 2^24 and d >= 1, through a float reciprocal
+// inv = 1.0f / d (one correction step), cheaper than an integer division
+__device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r) {
+    q = __float2int_rz((float)i * inv);
+    r = i - q * d;
+    if (r >= d) { q++; r -= d; }
+    if (r < 0) { q--; r += d; }
+}
+
+// q/gamma pass v5 (the trainer's route_slot_param_kernel<2> on branch rbwd2):
+// the same part (P, nr, C). Block = 256 threads of 2
+// adjacent channels (512 channels); each thread sums its channels over the
+// partition's positions in order, up to 32 readers in registers. Tiles of tp
+// positions: v (tp, 512) bf16 and dsr (tp, nr, H) are copied into shared memory
+// first (coalesced, all loads in flight), dsr as rows of nrp = nr rounded up to
+// 4 (zero padded), then read four readers per 16-byte broadcast.
+#define RG5 32
+__global__ void __launch_bounds__(256, 2) route_param_v5_kernel(float *part, const float *__restrict__ dsr,
+                                                               const bf16 *__restrict__ v, int nr, int N, int C, int H,
+                                                               int tp) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int CB = 512;
+    const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const float invH = 1.0f / H, invnr = 1.0f / nr;
+    bf16 *vs = reinterpret_cast<bf16 *>(smem_raw);                                 // (tp, CB)
+    float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(bf16));   // (tp, H, nrp)
+    const int cl = threadIdx.x * 2, c = cb0 + cl, hd = c < C ? c / HC : 0;
+    const int t0 = p * PART_ROWS45, t1 = min(t0 + PART_ROWS45, N), ncb = min(CB, C - cb0);
+    for (int q = threadIdx.x; q < tp * H; q += blockDim.x) {
+        for (int jj = nr; jj < nrp; jj++) { ds[(size_t)q * nrp + jj] = 0.0f; }
+    }
+    for (int j0 = 0; j0 < nr; j0 += RG5) {
+        float acc[RG5][2];
+#pragma unroll
+        for (int r = 0; r < RG5; r++) { acc[r][0] = 0.0f; acc[r][1] = 0.0f; }
+        for (int ta = t0; ta < t1; ta += tp) {
+            const int tn = min(tp, t1 - ta);
+            __syncthreads();
+            const int nq = ncb / 8, nv = tn * nq;   // C is a multiple of 256 in the lab
+            const float invnq = 1.0f / nq;
+            for (int q0 = threadIdx.x; q0 < nv; q0 += 8 * blockDim.x) {   // 8 loads in flight, then the stores
+                uint4 buf[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int q = q0 + u * blockDim.x;
+                    int t, col;
+                    fdivmod(q, nq, invnq, t, col);
+                    if (q < nv) { buf[u] = ld_raw(v + (size_t)(ta + t) * C + cb0 + col * 8); }
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int q = q0 + u * blockDim.x;
+                    int t, col;
+                    fdivmod(q, nq, invnq, t, col);
+                    if (q < nv) { *reinterpret_cast<uint4 *>(vs + (size_t)t * CB + col * 8) = buf[u]; }
+                }
+            }
+            // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
+            {
+                const float *src = dsr + (size_t)ta * nr * H;
+                const int n = tn * nr * H;
+                for (int i0 = threadIdx.x; i0 < n; i0 += 8 * blockDim.x) {
+                    float buf[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        if (i < n) { buf[u] = src[i]; }
+                    }
+#pragma unroll
+                    for (int u = 0; u < 8; u++) {
+                        const int i = i0 + u * blockDim.x;
+                        int row, hd2, t, jj;
+                        fdivmod(i, H, invH, row, hd2);
+                        fdivmod(row, nr, invnr, t, jj);
+                        if (i < n) { ds[((size_t)t * H + hd2) * nrp + jj] = buf[u]; }
+                    }
+                }
+            }
+            __syncthreads();
+            if (c < C) {
+                for (int t = 0; t < tn; t++) {
+                    const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(vs + (size_t)t * CB + cl));
+                    const float *d = ds + ((size_t)t * H + hd) * nrp + j0;
+#pragma unroll
+                    for (int r4 = 0; r4 < RG5 / 4; r4++) {
+                        if (j0 + 4 * r4 < nr) {
+                            const float4 d4 = *reinterpret_cast<const float4 *>(d + 4 * r4);
+                            acc[4 * r4 + 0][0] += d4.x * vv.x; acc[4 * r4 + 0][1] += d4.x * vv.y;
+                            acc[4 * r4 + 1][0] += d4.y * vv.x; acc[4 * r4 + 1][1] += d4.y * vv.y;
+                            acc[4 * r4 + 2][0] += d4.z * vv.x; acc[4 * r4 + 2][1] += d4.z * vv.y;
+                            acc[4 * r4 + 3][0] += d4.w * vv.x; acc[4 * r4 + 3][1] += d4.w * vv.y;
+                        }
+                    }
+                }
+            }
+        }
+        if (c < C) {
+#pragma unroll
+            for (int r = 0; r < RG5; r++) {
+                if (j0 + r < nr) {
+                    part[((size_t)p * nr + j0 + r) * C + c] = acc[r][0];
+                    part[((size_t)p * nr + j0 + r) * C + c + 1] = acc[r][1];
+                }
+            }
+        }
+    }
+}
+static size_t param_v5_smem(int nr, int H, int *tp) {
+    const size_t row = 512 * sizeof(bf16) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
+    *tp = 32;
+    while (*tp > 1 && *tp * row > 96 * 1024) { *tp /= 2; }
+    return *tp * row;
+}
+
+// qvacc[(k, readers[jj])] (C) = sum over P partitions of part (P, nr, C), reader
+// jj = blockIdx.y, fixed order: lane y sums partitions y, y + 32, .. in order,
+// then the 32 lane sums in lane order (the trainer's route_reduce_parts).
+__global__ void __launch_bounds__(1024) route_reduce45_kernel(float *qvacc, const float *__restrict__ part,
+                                                              const int *readers, int nr, int P, int k, int J, int C) {
+    __shared__ float acc[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x, jj = blockIdx.y;
+    float s = 0.0f;
+    if (c < C) {
+        for (int p = threadIdx.y; p < P; p += 32) { s += part[((size_t)p * nr + jj) * C + c]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+        for (int y = 0; y < 32; y++) { t += acc[y][threadIdx.x]; }
+        qvacc[((size_t)k * J + readers[jj]) * C + c] = t;
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Host side: buffers, the whole-model passes per version
 
 struct Dev {
@@ -1155,6 +1475,8 @@ struct Dev {
     bf16 *h, *u; float *rstd, *lse, *a;                   // forward outputs
     float *dslots, *dq, *dgamma, *dg;                     // backward outputs
     float *Gf, *ds, *part_qv, *part_dg, *dsr, *gpart, *qvacc, *qg; bf16 *Gb; float *Sb;   // scratch
+    bf16 *dslotX;                                         // (N, C) v5: bf16 copy of the slot gradient
+    float *gpart45;                                       // (N/128, nmax, C) v4, v5: q/gamma partials
     int *src, *nsrc, *rd;                                 // (J, J), (J), (J, J)
 };
 
@@ -1163,6 +1485,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*bwd2)(const Prob &, const Dev &, int j);
     void (*site3)(const Prob &, const Dev &, int j);
     void (*gather3)(const Prob &, const Dev &, int k);
+    void (*gather45)(const Prob &, const Dev &, int k, int ver);
 };
 
 template <int C, int H> struct Impl {
@@ -1194,7 +1517,24 @@ template <int C, int H> struct Impl {
                                                           d.Gb, d.Sb, d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
         LAUNCH_CHECK();
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3}; }
+    static void gather45(const Prob &P, const Dev &d, int k, int ver) {
+        const size_t N = P.N;
+        if (ver == 6) {
+            route_gather_v45_kernel<C, H, 2><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                  d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                                                                  d.rd + k * P.J, P.nr[k], d.qg, P.N);
+        } else if (ver == 5) {
+            route_gather_v45_kernel<C, H, 1><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                     d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                                                                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
+        } else {
+            route_gather_v45_kernel<C, H, 0><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, nullptr, d.dsr,
+                                                                      d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb,
+                                                                      d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
+        }
+        LAUNCH_CHECK();
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -1227,6 +1567,8 @@ static Dev dev_alloc(const Prob &P) {
     d.dsr = dalloc<float>(N * P.nmax * H); d.gpart = dalloc<float>(npart * P.nmax * C); d.qvacc = dalloc<float>(J * J * C);
     d.Gb = dalloc<bf16>(J * N * C); d.Sb = dalloc<float>(J * N * H); d.qg = dalloc<float>(J * C);
     d.src = dalloc<int>(J * J); d.nsrc = dalloc<int>(J); d.rd = dalloc<int>(J * J);
+    d.dslotX = dalloc<bf16>(N * C);
+    d.gpart45 = dalloc<float>(cdiv(N, PART_ROWS45) * P.nmax * C);
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.nsrc, P.n.data(), J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.rd, P.rd.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
@@ -1234,7 +1576,8 @@ static Dev dev_alloc(const Prob &P) {
 }
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
-                  d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd};
+                  d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
+                  d.dslotX, d.gpart45};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -1269,7 +1612,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
     const size_t N = P.N, C = P.C, H = P.H, J = P.J;
     const unsigned nblk = cdiv(N, POS_PER_BLOCK), npart = cdiv(N, PART_ROWS);
     if (ver <= 2) { CK(cudaMemsetAsync(d.dslots, 0, J * N * C * sizeof(float), 0)); }   // accumulated per pair
-    if (ver == 3) {
+    if (ver >= 3) {
         mul_kernel<<<cdiv(J * C, 256), 256>>>(d.qg, d.q, d.gm, J * C);
         LAUNCH_CHECK();
     }
@@ -1296,6 +1639,31 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             LAUNCH_CHECK();
             reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
             LAUNCH_CHECK();
+        } else if (ver >= 4) {   // v3's site kernel; the trainer's gather and q/gamma pass
+            ks.site3(P, d, j);
+            reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
+            LAUNCH_CHECK();
+            const int k = j;
+            const unsigned np = cdiv(N, PART_ROWS45);
+            ks.gather45(P, d, k, ver);
+            if (ver >= 5) {
+                int tp;
+                size_t smem = param_v5_smem(P.nr[k], P.H, &tp);
+                static size_t smem_set = 0;
+                if (smem > smem_set) {
+                    CK(cudaFuncSetAttribute(route_param_v5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                    smem_set = smem;
+                }
+                route_param_v5_kernel<<<dim3(cdiv(C, 512), np), 256, smem>>>(d.gpart45, d.dsr, d.slots + k * N * C,
+                                                                             P.nr[k], P.N, P.C, P.H, tp);
+            } else {
+                route_param_v4_kernel<<<dim3(cdiv(C, 256), np), 256>>>(d.gpart45, d.dsr, d.slots + k * N * C, P.nr[k],
+                                                                       P.N, P.C, P.H);
+            }
+            LAUNCH_CHECK();
+            route_reduce45_kernel<<<dim3(cdiv(C, 32), P.nr[k]), dim3(32, 32)>>>(d.qvacc, d.gpart45, d.rd + k * P.J,
+                                                                                 P.nr[k], np, k, P.J, P.C);
+            LAUNCH_CHECK();
         } else {
             ks.site3(P, d, j);
             reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
@@ -1311,7 +1679,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             LAUNCH_CHECK();
         }
     }
-    if (ver == 3) {
+    if (ver >= 3) {
         route_dq_final_kernel<<<dim3(cdiv(C, 256), P.J), 256>>>(d.dq, d.dgamma, d.qvacc, d.src, d.nsrc, d.q, d.gm, P.J, P.C);
         LAUNCH_CHECK();
     }
@@ -1361,8 +1729,18 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
                                         fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                         fetch(d.dg, J * C)};
+    // v5: the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
+    double xerr = 0.0;
+    if (ver >= 5) {
+        std::vector<double> x = fetch(d.dslotX, NN * C);
+        for (size_t i = 0; i < NN * C; i++) {
+            double e = fabs(x[i] - bfr(got[5][i]));
+            if (!(e <= xerr)) { xerr = e; }   // NaN -> NaN
+        }
+    }
     dev_free(d);
-    bool ok = true;
+    bool ok = ver < 5 || xerr == 0.0;
+    if (ver >= 5) { printf("v%d dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", ver, xerr, xerr == 0.0 ? "" : " (FAIL)"); }
     printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
     for (int o = 0; o < NUM_OUT; o++) {
         const std::vector<double> &ref = ref_out(R, o);
@@ -1429,7 +1807,12 @@ static double measure_copy_gbs() {   // device-to-device copy, bytes read + writ
 static void bench_version(int ver, int L, int S, int C, int H, int N, uint64_t seed, double copy_gbs) {
     Prob P = make_prob(L, S, C, H, N);
     KernelSet ks = kernel_set(C, H);
-    HostIn in = make_inputs(P, seed);   // random, never zeros
+    // random, never zeros; kept for the next version of the same shape and seed (about 20 s of
+    // draws at the 100M shape)
+    static HostIn in;
+    static long long key[6] = {-1, -1, -1, -1, -1, -1};
+    const long long k2[6] = {L, S, C, H, N, (long long)seed};
+    if (memcmp(key, k2, sizeof(key)) != 0) { in = make_inputs(P, seed); memcpy(key, k2, sizeof(key)); }
     Dev d = dev_alloc(P);
     dev_upload(d, in);
     cudaEvent_t e0, e1;
@@ -1466,7 +1849,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 3; ver++) {
+    for (int ver = 1; ver <= 6; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -1478,7 +1861,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
 // ----------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
-    int ver = 0, L = 12, S = 1, C = 512, H = 8, N = 16 * 2048;
+    int ver = 0, vmax = 0, L = 12, S = 1, C = 512, H = 8, N = 16 * 2048;
     bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
     uint64_t seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
@@ -1488,6 +1871,7 @@ int main(int argc, char **argv) {
             return atoll(argv[++i]);
         };
         if (!strcmp(a, "--version")) { ver = (int)val(); }
+        else if (!strcmp(a, "--vmax")) { vmax = (int)val(); }
         else if (!strcmp(a, "--check")) { do_check = true; }
         else if (!strcmp(a, "--bench")) { do_bench = true; }
         else if (!strcmp(a, "--all")) { do_all = true; }
@@ -1504,8 +1888,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 3 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..3) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 6 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..6) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -1514,7 +1898,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 3 : ver;
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 6 : std::max(ver, std::min(vmax, 6));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

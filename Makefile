@@ -30,6 +30,9 @@ dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
 dev/route_probe: dev/route_probe.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
+dev/loss_sensitivity: dev/loss_sensitivity.c test_mhar.c train_mhar.c $(HEADERS)
+	$(CC) $(CFLAGS) -DMHAR_REAL=double -I. -o $@ $< $(LDLIBS)
+
 dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
@@ -61,7 +64,7 @@ quickstart: train_mhar
 	bash dev/quickstart.sh
 
 clean:
-	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe
+	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity
 
 # ---------------------------------------------------------------------------
 # CUDA trainer (train_mhar.cu) and the GPU checks of test_mhar, built where nvcc

@@ -465,6 +465,32 @@ static void check_trainer_binary(void) {
 // own float32 build differs from its float64 build by up to 1.8e-5 (attnres,
 // wte gradient), and the GPU fp32 build by up to 7.9e-5. In the moderate
 // regime the float32 CPU build is within 2.5e-6 of float64 in every mode.
+// The configs of the GPU checks (also used by dev/loss_sensitivity.c, which
+// includes this file with TEST_MHAR_NO_MAIN).
+static Config gpu_test_config(int mode, int H, int S) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 77; c.T = 40; c.L = 3; c.C = 32; c.NH = 4; c.NKV = 2; c.F = 48;
+    c.mode = mode; c.H = H; c.S = S;
+    config_finalize(&c, "gpu test");
+    return c;
+}
+
+// The bf16 build runs flash attention kernels at head dims 64 and 128 only
+// (train_mhar.cu's attention_use_flash), and gpu_test_config has HD = 8 (the
+// simple kernels), so these configs exist to reach them: HD = 64 with GQA
+// (NH=4, NKV=2) and HD = 128 with MQA (NH=2, NKV=1), one block, each at
+// T = 256 (whole tiles) and at T = 150 (a partial tile at every tile size, and
+// lse rows not 16-byte aligned). The fp32 build runs its simple kernels there.
+static Config gpu_flash_config(int HD, int NH, int NKV, int T) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 77; c.T = T; c.L = 1; c.C = HD * NH; c.NH = NH; c.NKV = NKV; c.F = 128;
+    c.mode = RES_MHAR; c.H = 4; c.S = 1;
+    config_finalize(&c, "gpu flash test");
+    return c;
+}
+
 #ifdef MHAR_GPU
 #include "common/gpu_api.h"
 
@@ -494,30 +520,6 @@ static void gpu_test_params(Model *m, uint64_t seed) {
         }
         p += m->sizes[ti];
     }
-}
-
-static Config gpu_test_config(int mode, int H, int S) {
-    Config c;
-    memset(&c, 0, sizeof(c));
-    c.V = 77; c.T = 40; c.L = 3; c.C = 32; c.NH = 4; c.NKV = 2; c.F = 48;
-    c.mode = mode; c.H = H; c.S = S;
-    config_finalize(&c, "gpu test");
-    return c;
-}
-
-// The bf16 build runs flash attention kernels at head dims 64 and 128 only
-// (train_mhar.cu's attention_use_flash), and gpu_test_config has HD = 8 (the
-// simple kernels), so these configs exist to reach them: HD = 64 with GQA
-// (NH=4, NKV=2) and HD = 128 with MQA (NH=2, NKV=1), one block, each at
-// T = 256 (whole tiles) and at T = 150 (a partial tile at every tile size, and
-// lse rows not 16-byte aligned). The fp32 build runs its simple kernels there.
-static Config gpu_flash_config(int HD, int NH, int NKV, int T) {
-    Config c;
-    memset(&c, 0, sizeof(c));
-    c.V = 77; c.T = T; c.L = 1; c.C = HD * NH; c.NH = NH; c.NKV = NKV; c.F = 128;
-    c.mode = RES_MHAR; c.H = 4; c.S = 1;
-    config_finalize(&c, "gpu flash test");
-    return c;
 }
 
 // max |g - c| / max |c| over n entries
@@ -705,7 +707,17 @@ static void check_gpu(void) {
     // attention alone, NOTES_attention.md). 5 training steps, not 10: these wider
     // models learn the map fast (CPU loss 4.6 -> 1.2 by step 5, 0.2 by step
     // 10), and a relative error of a small loss says little about the kernels.
+    // Their bf16 training-loss tolerance is 2e-2, not 5e-3: these fast-learning
+    // runs are sensitive. dev/loss_sensitivity.c reruns this check's float64 side
+    // after one bf16-sized rounding (2^-8 relative, random) of every parameter and
+    // nothing else: the per-step losses move by up to 7.1e-3 (HD=64 T=256) and
+    // 8.1e-3 (HD=128 T=150) over 4 seeds, against 3.6e-3 for the 10-step tiny
+    // configs above (their 5e-3 stands). The bf16 trainer rounds far more than
+    // that, so 5e-3 tested luck: after the session-3 changes (bf16 dmh, u from
+    // the stored h) HD=64 T=256 measured 5.3e-3, the other three 0.8e-3..2.5e-3.
+    // 2e-2 is 2.5x the measured sensitivity, and still 50x under a bf16 fault.
     GpuPrecision flash[2] = {precs[0], precs[1]};
+    flash[1].tol_train = 2e-2;
     // MHAR_GPU_QUICK=1 (for compute-sanitizer racecheck, which is slow): block
     // mode, and the bf16 flash configs at T = 150, only, 2 steps, no trainer
     // binaries. Block S=4 runs every GPU kernel but the flash ones.
@@ -732,6 +744,7 @@ static void check_gpu(void) {
 }
 #endif
 
+#ifndef TEST_MHAR_NO_MAIN
 int main(void) {
     printf("== 1. gradients vs central differences (float64 build) ==\n");
     check_gradients("std", tiny_config(RES_STD, 1, 1));
@@ -761,3 +774,4 @@ int main(void) {
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
+#endif

@@ -54,10 +54,15 @@ Tolerances (the check prints, per output, rel = max|gpu - ref| / max|ref|; PASS
 needs, for every element, |gpu - ref| <= rtol |ref| + atol max|ref|, and finite
 values). The reference computes in fp64 from the bf16 inputs, without rounding
 y to bf16:
-  - y: rtol 2^-8: one rounding of the fp32 sum to bf16 (at most 2^-9 relative).
-  - rstd: rtol 2^-8: the GPU normalises the rounded y (each value off by at
-    most 2^-9 relative, so the mean square by at most ~2^-8, its rsqrt by ~2^-9).
-  - u: rtol 2^-7: y's rounding (2^-9), rstd's (2^-9) and u's own (2^-9).
+  - y: rtol 2^-8: one rounding of the fp32 sum to bf16 (bf16 keeps 8
+    significant bits: round-to-nearest is off by at most 2^-8 relative).
+  - rstd: rtol 2^-7: the GPU normalises the rounded y (each value off by at
+    most 2^-8 relative, so the mean square by at most ~2^-7, its rsqrt by ~2^-8;
+    rtol 2^-7 leaves room for the fp32 sum). Measured: 2e-4..9e-4.
+  - u: rtol 3 x 2^-8: y's rounding (2^-8), rstd's (2^-8) and u's own (2^-8).
+    Measured on the H200: 3.0e-3..5.2e-3 (max-normalised), for v1 (the old
+    trainer kernels) and v2 alike. (A first version of this file took bf16's
+    rounding as 2^-9 and set 2^-7 here, which v1 and v2 both failed.)
   - dres (fp32): rtol 1e-5, atol 1e-5 max: fp32 arithmetic on one row (a sum of
     C products, then s g w - s^3/C (g.wx) x, which cancels), no bf16 rounding.
   - dcopy: rtol 2^-8 (dres rounded once), atol 1e-5 max.
@@ -681,8 +686,8 @@ static bool check_fwd_shape(int ver, size_t N, int C, uint64_t seed) {
         for (int k = 0; k < 3; k++) { first[k] = o[k]; }
         printf("  fwd v%d N=%-6zu C=%-5d", ver, N, C);
         ok &= compare("y", bytes_bf16_to_f(o[0]), ry, 0x1p-8, 0);
-        ok &= compare("u", bytes_bf16_to_f(o[1]), ru, 0x1p-7, 0);
-        ok &= compare("rstd", bytes_f32(o[2]), rr, 0x1p-8, 0);
+        ok &= compare("u", bytes_bf16_to_f(o[1]), ru, 3 * 0x1p-8, 0);
+        ok &= compare("rstd", bytes_f32(o[2]), rr, 0x1p-7, 0);
         if (ver == 2) {
             // u recomputed from the stored y and rstd (mhar's backward does this from h_j): bit for bit
             cudaCheck(cudaMemset(u2, 0xFF, n * 2));
@@ -773,7 +778,7 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
 static const size_t SHAPES[][2] = {{N100, 512}, {4096, 2048}, {555, 32}, {300, 200}, {77, 36}, {1000, 512}};
 static bool check_op(bool fwd, int ver, uint64_t seed) {
     printf("%s v%d check (tolerances: %s)\n", fwd ? "fwd" : "bwd", ver,
-           fwd ? "y rtol 2^-8; u rtol 2^-7; rstd rtol 2^-8"
+           fwd ? "y rtol 2^-8; u rtol 3 x 2^-8; rstd rtol 2^-7"
                : "dres rtol 1e-5 + atol 1e-5 max; dcopy rtol 2^-8 + atol 1e-5 max; dw rtol 1e-4 + atol 1e-4 max");
     bool ok = true;
     for (size_t s = quick ? 2 : 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {

@@ -1,0 +1,71 @@
+// How much can the training-loss check of test_mhar's GPU section move by
+// rounding alone? This runs that check's CPU side (float64, the same configs,
+// batches, learning rates and steps) twice per config: from the initial
+// parameters, and from the same parameters each multiplied by (1 + d r), r
+// uniform in [-1, 1], d = 2^-8 (bf16's unit roundoff: one bf16 rounding of
+// every parameter). It prints the worst relative difference of the per-step
+// losses, the statistic test_mhar bounds with its bf16 tol_train, for four
+// perturbation seeds. The bf16 trainer rounds far more than the parameters
+// once, so its distance from the float64 run is of this order, or larger.
+//   make dev/loss_sensitivity && ./dev/loss_sensitivity      (CPU, ~15 s)
+#define TEST_MHAR_NO_MAIN
+#include "test_mhar.c"
+
+// worst step rel of the run with perturbation seed pseed against base[] (d = 0 fills base)
+static double train_steps(Config cfg, int steps, double d, uint64_t pseed, double *base) {
+    const int B = 2, T = cfg.T;
+    const size_t N = (size_t)B * T;
+    Model m;
+    model_build(&m, &cfg, 42, 0.02f);
+    for (size_t i = 0; i < m.nparams; i++) {   // float32 bits, as test_mhar gives both sides
+        float f = (float)m.params_mem[i];
+        m.params_mem[i] = d == 0 ? f : (float)(f * (1.0 + d * (rng_f32(&pseed) * 2.0 - 1.0)));
+    }
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    uint64_t rng = 2024;   // test_mhar's batches: two draws for its gradient check, then one per step
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    double worst = 0;
+    for (int step = 0; step < steps; step++) {   // test_mhar's check_gpu_model loop, CPU side
+        random_tokens(in, N, cfg.V, &rng);
+        for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % cfg.V; }
+        float lr = lr_at(step, steps, 3, 1e-2f, 0.1f);
+        model_zero_grad(&m);
+        model_forward(&m, in, tg, B, T, 0);
+        model_backward(&m, (real)(1.0 / N));
+        double norm = grad_norm(&m);
+        adamw_update(&m, lr, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1.0 ? (float)(1.0 / norm) : 1.0f, step + 1);
+        if (d == 0) { base[step] = m.loss; }
+        else { worst = fmax(worst, fabs(m.loss - base[step]) / fabs(base[step])); }
+    }
+    model_free(&m);
+    free(in); free(tg);
+    return worst;
+}
+
+int main(void) {
+    struct { const char *name; Config cfg; int steps; } runs[] = {
+        {"std", gpu_test_config(RES_STD, 1, 1), 10},
+        {"attnres", gpu_test_config(RES_MHAR, 1, 1), 10},
+        {"mhar H=8", gpu_test_config(RES_MHAR, 8, 1), 10},
+        {"block S=4", gpu_test_config(RES_MHAR, 4, 4), 10},
+        {"HD=64 T=256", gpu_flash_config(64, 4, 2, 256), 5},
+        {"HD=128 T=256", gpu_flash_config(128, 2, 1, 256), 5},
+        {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 5},
+        {"HD=128 T=150", gpu_flash_config(128, 2, 1, 150), 5},
+    };
+    double overall = 0, base[16];
+    printf("worst step rel of the training losses after a 2^-8 relative perturbation of every parameter (4 seeds)\n");
+    for (size_t k = 0; k < sizeof(runs) / sizeof(runs[0]); k++) {
+        train_steps(runs[k].cfg, runs[k].steps, 0, 0, base);
+        printf("%-13s %2d steps:", runs[k].name, runs[k].steps);
+        for (uint64_t s = 0; s < 4; s++) {
+            double w = train_steps(runs[k].cfg, runs[k].steps, 1.0 / 256, 1000 + s, base);
+            overall = fmax(overall, w);
+            printf(" %.1e", w);
+        }
+        printf("\n");
+    }
+    printf("worst: %.1e\n", overall);
+    return 0;
+}

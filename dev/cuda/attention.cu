@@ -30,6 +30,11 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       the results are bit-reproducible.
   v3  v2's kernels with 8 warps per block (128 rows): each K/V (or Q/dO) tile
       staged in shared memory serves twice as many rows.
+  v4  v3's forward and ONE fused backward kernel (after prep): a block owns a kv
+      tile and computes S, P, dP, dS once per (q tile, head) for dK, dV and the
+      dQ contribution dS K (5 matmuls instead of 7), which it adds to an fp32 dQ
+      in global memory in a fixed order (per-(b, h, q tile) turn counters):
+      deterministic, no floating-point atomics. HD = 64 only; any T.
 Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
 */
 #include <cuda_runtime.h>
@@ -584,7 +589,35 @@ static int fragment_selftest() {
                 for (int j = 0; j < BCt; j++) { ref += S[r][j] * V[j * LDt + c]; }
                 bad += o[n][L][e] != ref;
             }
-    printf("fragment emulation (ldmatrix/mma layouts, address helpers, C->A repack, coordinates): %s\n",
+    // v4's dQ = dS K: A = dS (16 q x BCt keys) read with ldmatrix.trans from dS^T stored as
+    // BCt key rows of 16 q columns (bn_addr with rows = keys, columns = queries), B = V via bt_addr
+    {
+        constexpr int LDS = 16 + PAD;
+        static float St[BCt * LDS];
+        static float r[HDt / 8][32][4];
+        memset(r, 0, sizeof r);
+        for (int i = 0; i < BCt * LDS; i++) { St[i] = (float)((int)(rng_u64() % 7) - 3); }
+        for (int kc = 0; kc < BCt / 16; kc++) {
+            EmuReg a[32][4];
+            for (int L = 0; L < 32; L++) { addr[L] = bn_addr(St, LDS, kc * 16, 0, L); }
+            emu_ldsm(a, addr, true);
+            for (int dn = 0; dn < HDt / 16; dn++) {
+                for (int L = 0; L < 32; L++) { addr[L] = bt_addr(V, LDt, kc * 16, dn * 16, L); }
+                emu_ldsm(bb, addr, true);
+                split(0); emu_mma(r[2 * dn], a, b0, b1);
+                split(2); emu_mma(r[2 * dn + 1], a, b0, b1);
+            }
+        }
+        for (int n = 0; n < HDt / 8; n++)
+            for (int L = 0; L < 32; L++)
+                for (int e = 0; e < 4; e++) {
+                    const int rr = L / 4 + 8 * (e >> 1), c = 8 * n + 2 * (L % 4) + (e & 1);
+                    float ref = 0;
+                    for (int j = 0; j < BCt; j++) { ref += St[j * LDS + rr] * V[j * LDt + c]; }
+                    bad += r[n][L][e] != ref;
+                }
+    }
+    printf("fragment emulation (ldmatrix/mma layouts, address helpers, C->A repack, coordinates, v4 dS^T -> A): %s\n",
            bad ? "FAIL" : "ok");
     return bad ? 1 : 0;
 }
@@ -995,11 +1028,313 @@ attention_backward_dq_flash_kernel(bf16 *dq, const bf16 *q, const bf16 *k, const
 }
 
 // ----------------------------------------------------------------------------
+// v4 backward: one fused kernel (FlashAttention-2 style), 5 matmuls per tile
+// instead of v2's 7, deterministic without floating-point atomics.
+//
+// Block = one kv tile of BK = 64 keys of one kv head (4 warps, warp w owns keys
+// k0+16w..+15, as in v2's dk/dv pass). It loops over the G query heads of the
+// group and the q tiles i >= j (BQ = BK = 64 rows, j = its kv tile) and per tile:
+//   S^T = K Q^T, P^T, dP^T = V dO^T, dS^T = P^T (dP^T - D)   (keys as M, registers)
+//   dV += P^T dO, dK += dS^T Q                               (registers, as v2)
+//   dS^T -> smem (bf16), then warp w: dQc[16w..16w+15][:] = dS K over the 64 keys
+//   (A = dS through ldmatrix.trans of dS^T, B = K through ldmatrix.trans),
+//   dQ[b, h, tile i] += scale * dQc in fp32 global memory, IN A FIXED ORDER.
+// FLOPs: 5 matmuls of 2*64*64*64 per (kv tile, q tile, head) = 10 HD per pair.
+//
+// Fixed order: the contributions to q tile i come from kv tiles j = i, i-1, ..., 0
+// in that order (descending; the diagonal tile first). turns[b, h, i] counts the
+// contributions made so far: kv tile j adds when it reads i - j (acquire), then
+// releases i - j + 1; the diagonal tile (turn 0) stores instead of adding (dqacc
+// needs no zeroing) and kv tile 0 (the last turn) writes the final dq (OutT) and
+// resets the counter to 0, so the counters are all 0 again when the kernel ends
+// (zeroed once at allocation, never memset per call). The fp32 sums are thus
+// formed in the same order every run: bit-identical results.
+//
+// Why descending: block j visits (head k, tile i) at its step k (nq - j) + (i - j),
+// block j+1 visits it at step k (nq - j - 1) + (i - j - 1), k + 1 steps earlier.
+// Blocks of one (b, kvh) that start together therefore never wait for a turn in
+// the steady state (ascending order would make block j lag block j-1 by a step per
+// j, a wavefront idling half the first wave; no visiting order avoids it).
+//
+// Forward progress: a block takes a ticket t = atomicAdd(ticket, 1) when it starts
+// and works on the tile the ticket names (not its blockIdx): tickets go kv tile
+// major, highest kv tile first (t -> j = nkt-1 - t / (B NKV), (b, kvh) = t % (B NKV)).
+// A block waits only for turns of blocks of its (b, kvh) with a higher kv tile,
+// i.e. smaller tickets. A ticket is drawn only by a block that is running, and a
+// running block stays resident until it exits, so every block it waits for is
+// resident (or done); by induction over t (ticket 0, the top kv tile of its
+// (b, kvh), waits for nothing; a block never waits for a lower kv tile) every
+// block finishes. This holds for any number of resident blocks and any block
+// scheduling order of the hardware. The last ticket resets the ticket counter
+// (every block has drawn by then). An integer atomic decides only who does which
+// tile, never the order of a floating-point sum.
+// Cost of the order: the heavy (low j) blocks start last. List scheduling of the
+// 100m shape's 2048 blocks on 264 slots gives a makespan 12% over the average
+// (heavy-first, as v2's dk/dv pass could do, would be 1%), plus the dQ traffic:
+// 16 KB read + 16 KB written per (kv tile, q tile, head), 2.2 GB through L2 at the
+// 100m shape (the working set, one (b, h)'s 512 KB of dq per active group, stays in L2).
+// A spin that exceeds ~2^26 polls (seconds) traps instead of hanging.
+//
+// Tails: any T. Rows past T are zero-filled, get lse = +inf (p = 0) and D = 0, are
+// never stored; kv and q tiles share one grid of 64 (BK = BQ), so the diagonal tile
+// masks every key past T. smem: 2 BK + 4 BQ rows of (HD+8) bf16, BK rows of (BQ+8)
+// bf16 for dS^T, 4 BQ floats.
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// ROWS x HD bf16 into a padded smem tile; rows at or past nvalid are zero-filled
+template <int ROWS, int HD, int NT>
+__device__ __forceinline__ void load_tile_n(bf16 *s, const bf16 *g, size_t gstride, int nvalid) {
+    constexpr int CPR = HD / 8;
+    static_assert(ROWS * CPR % NT == 0, "tile chunks must divide among the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / NT; i++) {
+        const int c = threadIdx.x + i * NT, r = c / CPR, cc = c % CPR;
+        bf16 *dst = s + r * (HD + PAD) + cc * 8;
+        if (r < nvalid) { cp_async16(dst, g + r * gstride + cc * 8); }
+        else { *(uint4 *)dst = make_uint4(0, 0, 0, 0); }
+    }
+}
+// a warp's 16 rows of accumulators (C layout) times mul to global rows (stride gstride), rows < nrows
+__device__ __forceinline__ void put2(float *p, float x, float y) { *(float2 *)p = make_float2(x, y); }
+__device__ __forceinline__ void put2(bf16 *p, float x, float y) { *(uint32_t *)p = pack_bf16(x, y); }
+template <int HD, typename OutT>
+__device__ __forceinline__ void store_rows_out(OutT *g, size_t gstride, const float (*acc)[4], float mul, int nrows,
+                                               int lane) {
+    const int gr = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        if (gr < nrows) { put2(g + gr * gstride + n * 8 + 2 * t4, acc[n][0] * mul, acc[n][1] * mul); }
+        if (gr + 8 < nrows) { put2(g + (gr + 8) * gstride + n * 8 + 2 * t4, acc[n][2] * mul, acc[n][3] * mul); }
+    }
+}
+
+// dq, dk: OutT (bf16 in the lab, fp32 in the trainer); dv bf16. dqacc: fp32 (B, T, NH, HD)
+// scratch for the partial sums (may be dq itself when OutT is float). turns: B*NH*nkt
+// counters, ticket: one counter, all 0 at entry (and again at exit).
+template <int HD, typename OutT>
+__global__ void __launch_bounds__(128)
+attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, const bf16 *q, const bf16 *k,
+                                const bf16 *v, const bf16 *dout, const float *lse, const float *Dd,
+                                unsigned *turns, unsigned *ticket, int B, int T, int NH, int NKV, float scale,
+                                float sl2) {
+    constexpr int NWARPS = 4, BK = 64, BQ = 64, LD = HD + PAD, LDS = BQ + PAD, NT = NWARPS * 32;
+    static_assert(HD == 64, "v4 keeps K, V fragments and dK, dV, dQ accumulators in registers: HD = 64");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BK * LD, *sQ = sV + BK * LD, *sdO = sQ + 2 * BQ * LD;
+    bf16 *sS = sdO + 2 * BQ * LD;   // dS^T: BK rows (keys) of BQ (queries)
+    float *sL = (float *)(sS + BK * LDS), *sD = sL + 2 * BQ;
+    __shared__ unsigned s_ticket;
+    const int nkt = (T + BK - 1) / BK, NG = B * NKV;
+    if (threadIdx.x == 0) {
+        const unsigned t = atomicAdd(ticket, 1u);
+        if (t == gridDim.x - 1) { atomicExch(ticket, 0u); }   // the last ticket: every block has drawn
+        s_ticket = t;
+    }
+    __syncthreads();
+    const int tk = (int)s_ticket, j = nkt - 1 - tk / NG, grp = tk % NG, kvh = grp % NKV, b = grp / NKV;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int G = NH / NKV, k0 = j * BK, kw0 = k0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const int nq = nkt - j, nit = G * nq;
+
+    auto issue = [&](int it, int buf) {
+        const int h = kvh * G + it / nq, qt0 = (j + it % nq) * BQ;
+        const size_t go = ((size_t)b * T + qt0) * qs + (size_t)h * HD;
+        load_tile_n<BQ, HD, NT>(sQ + buf * BQ * LD, q + go, qs, T - qt0);
+        load_tile_n<BQ, HD, NT>(sdO + buf * BQ * LD, dout + go, qs, T - qt0);
+        if (threadIdx.x < 2 * BQ) {   // threads [0, BQ) lse, [BQ, 2 BQ) D; past T: lse = +inf (p = 0), D = 0
+            const int i = threadIdx.x % BQ, isL = threadIdx.x < BQ;
+            float *dst = (isL ? sL : sD) + buf * BQ + i;
+            if (qt0 + i < T) { cp_async4(dst, (isL ? lse : Dd) + ((size_t)b * NH + h) * T + qt0 + i); }
+            else { *dst = isL ? INFINITY : 0.f; }
+        }
+    };
+    const size_t kgo = ((size_t)b * T + k0) * ks + (size_t)kvh * HD;
+    load_tile_n<BK, HD, NT>(sK, k + kgo, ks, T - k0);
+    load_tile_n<BK, HD, NT>(sV, v + kgo, ks, T - k0);
+    issue(0, 0);
+    cp_async_commit();
+
+    uint32_t kf[HD / 16][4], vf[HD / 16][4];
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { dka[n][e] = 0.f; dva[n][e] = 0.f; }
+
+    unsigned *rel_ptr = turns;   // the turn counter to advance for the previous q tile, and its new value
+    unsigned rel_val = 0;
+    for (int it = 0; it < nit; it++) {
+        if (it + 1 < nit) {
+            issue(it + 1, (it + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        if (it > 0) { __threadfence(); }   // the previous tile's dq stores, visible before its turn passes on
+        __syncthreads();
+        if (it > 0 && threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                ldsm_x4(kf[kk], a_addr(sK, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(vf[kk], a_addr(sV, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int buf = it & 1, h = kvh * G + it / nq, i = j + it % nq, qt0 = i * BQ;
+        const bf16 *cQ = sQ + buf * BQ * LD, *cdO = sdO + buf * BQ * LD;
+        const float *cL = sL + buf * BQ, *cD = sD + buf * BQ;
+        {
+            float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BQ / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cQ, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], kf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], kf[kk], bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cdO, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], vf[kk], bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], vf[kk], bb[2], bb[3]);
+                }
+            }
+            const bool mask = qt0 < kw0 + 15;   // the diagonal tile (keys past T included)
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 L = *(const float2 *)(cL + n * 8 + 2 * t4), D = *(const float2 *)(cD + n * 8 + 2 * t4);
+                const float L2[2] = {L.x * LOG2E, L.y * LOG2E}, Dv[2] = {D.x, D.y};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e & 1]));
+                    if (mask && qt0 + n * 8 + 2 * t4 + (e & 1) < kw0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - Dv[e & 1]);
+                }
+            }
+            // dS^T (bf16, the values the dK product uses) -> this warp's 16 rows of sS
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                *(uint32_t *)(sS + (warp * 16 + g) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][0], dp[n][1]);
+                *(uint32_t *)(sS + (warp * 16 + g + 8) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][2], dp[n][3]);
+            }
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                uint32_t ap[4], ad[4];
+                ap[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]); ap[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+                ap[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]); ap[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+                ad[0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]); ad[1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
+                ad[2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]); ad[3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cdO, LD, kc * 16, dn * 16, lane));
+                    mma16816(dva[2 * dn], ap, bb[0], bb[1]);
+                    mma16816(dva[2 * dn + 1], ap, bb[2], bb[3]);
+                    ldsm_x4_t(bb, bt_addr(cQ, LD, kc * 16, dn * 16, lane));
+                    mma16816(dka[2 * dn], ad, bb[0], bb[1]);
+                    mma16816(dka[2 * dn + 1], ad, bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();   // sS complete
+        {
+            const unsigned turn = (unsigned)(i - j);
+            const int r0 = qt0 + warp * 16;
+            const size_t ro = ((size_t)b * T + r0) * qs + (size_t)h * HD;
+            // Wait for turn i - j of (b, h, q tile i) and load the partial sum (from L2, never a
+            // stale L1 line) before the dS K product below, which hides the load latency.
+            float2 part[2][HD / 8];
+            if (turn != 0) {
+                const unsigned *cnt = turns + ((size_t)b * NH + h) * nkt + i;
+                unsigned polls = 0;
+                while (ld_acquire(cnt) != turn) {
+                    __nanosleep(64);
+                    if (++polls == (1u << 26)) { __trap(); }   // seconds: a bug, not a wait; fail loudly
+                }
+#pragma unroll
+                for (int half = 0; half < 2; half++)
+#pragma unroll
+                    for (int n = 0; n < HD / 8; n++) {
+                        const int row = g + 8 * half;
+                        part[half][n] = r0 + row < T ? __ldcg((const float2 *)(dqacc + ro + (size_t)row * qs + n * 8 + 2 * t4))
+                                                     : make_float2(0.f, 0.f);
+                    }
+            }
+            // warp w: rows 16w..16w+15 of the q tile, dQc = dS K over the block's keys. On the
+            // diagonal tile keys past the warp's last row have dS = 0: chunks kc > w are skipped.
+            float dqc[HD / 8][4];
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) { dqc[n][0] = dqc[n][1] = dqc[n][2] = dqc[n][3] = 0.f; }
+            const int kcmax = qt0 == k0 ? warp + 1 : BK / 16;
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) {
+                if (kc < kcmax) {
+                    uint32_t a[4];
+                    ldsm_x4_t(a, bn_addr(sS, LDS, kc * 16, warp * 16, lane));   // A[q][key] = dS^T[key][q]
+#pragma unroll
+                    for (int dn = 0; dn < HD / 16; dn++) {
+                        uint32_t bb[4];
+                        ldsm_x4_t(bb, bt_addr(sK, LD, kc * 16, dn * 16, lane));
+                        mma16816(dqc[2 * dn], a, bb[0], bb[1]);
+                        mma16816(dqc[2 * dn + 1], a, bb[2], bb[3]);
+                    }
+                }
+            }
+            // partial + scale * dQc (in this order, every run); kv tile 0 (the last turn) writes dq
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = g + 8 * half;
+                if (r0 + row < T) {
+#pragma unroll
+                    for (int n = 0; n < HD / 8; n++) {
+                        const size_t off = ro + (size_t)row * qs + n * 8 + 2 * t4;
+                        float x = dqc[n][2 * half] * scale, y = dqc[n][2 * half + 1] * scale;
+                        if (turn != 0) { x = part[half][n].x + x; y = part[half][n].y + y; }
+                        if (j == 0) { put2(dq + off, x, y); }
+                        else { __stcg((float2 *)(dqacc + off), make_float2(x, y)); }
+                    }
+                }
+            }
+            // the turn is passed on at the top of the next iteration (or after the loop), after a
+            // fence that by then mostly finds these stores done
+            rel_ptr = turns + ((size_t)b * NH + h) * nkt + i;
+            rel_val = j == 0 ? 0u : turn + 1;   // kv tile 0 is the last turn: reset to 0
+        }
+        __syncthreads();   // buffers free for the next prefetch
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
+    if (kw0 >= T) { return; }   // warp-uniform; no barrier follows
+    store_rows_out<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, dka, scale, T - kw0, lane);
+    store_rows_out<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, dva, 1.f, T - kw0, lane);
+}
+
+// ----------------------------------------------------------------------------
 // host: launchers and dispatch
 
 struct Bufs {
     bf16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
     float *lse, *D;
+    float *dq32;        // v4: fp32 partial sums of dq (B, T, NH, HD)
+    unsigned *turns;    // v4: B*NH*ceil(T/64) turn counters, then the ticket counter; zero between calls
 };
 
 template <typename K>
@@ -1086,33 +1421,57 @@ typedef Flash<128, 4, 64, 32, false> V2_128;
 typedef Flash<64, 8, 64, 64, true> V3_64;
 typedef Flash<128, 8, 64, 32, false> V3_128;
 
-static const int NVERSIONS = 3;
+// v4: v3's forward (v1's where T % 128 != 0: the lab's flash forwards take no tails; the check of
+// v4's tails needs some forward) and the fused backward: prep + attention_backward_fused_kernel.
+static size_t v4_smem() { return (size_t)(2 * 64 + 4 * 64 + 64) * (64 + PAD) * sizeof(bf16) + 4 * 64 * sizeof(float); }
+static void forward_v4(const Shape &s, const Bufs &d) {
+    if (s.T % 128 == 0) { V3_64::forward(s, d); } else { forward_v1<2>(s, d); }
+}
+static void backward_v4(const Shape &s, const Bufs &d) {
+    static bool init = false;
+    auto kern = attention_backward_fused_kernel<64, bf16>;
+    if (!init) { set_smem(kern, v4_smem()); init = true; }
+    const float scale = 1.f / sqrtf(64.f), sl2 = scale * LOG2E;
+    backward_prep<64>(s, d);
+    const int nkt = (s.T + 63) / 64;
+    unsigned *ticket = d.turns + (size_t)s.B * s.NH * nkt;
+    kern<<<nkt * s.NKV * s.B, 128, v4_smem()>>>(d.dq, d.dq32, d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse, d.D, d.turns,
+                                                ticket, s.B, s.T, s.NH, s.NKV, scale, sl2);
+    launch_check("attention_backward_fused_kernel");
+}
+
+static const int NVERSIONS = 4;
 static const char *version_name[NVERSIONS + 1] = {"", "v1 warp-per-row fp32", "v2 flash mma.sync 4 warps",
-                                                  "v3 flash mma.sync 8 warps"};
+                                                  "v3 flash mma.sync 8 warps",
+                                                  "v4 v3 fwd + fused bwd (ordered fp32 dQ)"};
 
 // the version's constraints on the shape, or NULL
 static const char *unsupported(int ver, const Shape &s) {
     if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
-    if (ver >= 2 && s.T % 128) { return "T must be a multiple of 128"; }
+    if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
+    if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
     return NULL;
 }
 
 static void run_forward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? forward_v1<2>(s, d) : forward_v1<4>(s, d); }
     else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
-    else { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
+    else if (ver == 3) { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
+    else { forward_v4(s, d); }
 }
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
 static void run_backward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }
     else if (ver == 2) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
-    else { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
+    else if (ver == 3) { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
+    else { backward_v4(s, d); }
 }
 
 static size_t nq_of(const Shape &s) { return (size_t)s.B * s.T * s.NH * s.HD; }
 static size_t nk_of(const Shape &s) { return (size_t)s.B * s.T * s.NKV * s.HD; }
 static size_t nl_of(const Shape &s) { return (size_t)s.B * s.NH * s.T; }
+static size_t nturns_of(const Shape &s) { return (size_t)s.B * s.NH * ((s.T + 63) / 64) + 1; }
 
 static void alloc_bufs(Bufs &d, const Shape &s) {
     const size_t nq = nq_of(s), nk = nk_of(s), nl = nl_of(s);
@@ -1121,9 +1480,12 @@ static void alloc_bufs(Bufs &d, const Shape &s) {
     cudaCheck(cudaMalloc(&d.k, nk * 2)); cudaCheck(cudaMalloc(&d.v, nk * 2));
     cudaCheck(cudaMalloc(&d.dk, nk * 2)); cudaCheck(cudaMalloc(&d.dv, nk * 2));
     cudaCheck(cudaMalloc(&d.lse, nl * 4)); cudaCheck(cudaMalloc(&d.D, nl * 4));
+    cudaCheck(cudaMalloc(&d.dq32, nq * 4));
+    cudaCheck(cudaMalloc(&d.turns, nturns_of(s) * sizeof(unsigned)));
+    cudaCheck(cudaMemset(d.turns, 0, nturns_of(s) * sizeof(unsigned)));   // once: v4 leaves them at 0
 }
 static void free_bufs(Bufs &d) {
-    void *p[] = {d.q, d.k, d.v, d.out, d.dout, d.dq, d.dk, d.dv, d.lse, d.D};
+    void *p[] = {d.q, d.k, d.v, d.out, d.dout, d.dq, d.dk, d.dv, d.lse, d.D, d.dq32, d.turns};
     for (void *x : p) { cudaCheck(cudaFree(x)); }
 }
 
@@ -1184,7 +1546,9 @@ static bool check_version(int ver, Shape s, double qsd) {
     cudaCheck(cudaMemcpy(d.dout, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
     std::vector<uint16_t> go[2], gdq[2], gdk[2], gdv[2];
     std::vector<float> gl[2];
+    bool counters_zero = true;   // v4 must leave its turn and ticket counters at 0
     for (int rep = 0; rep < 2; rep++) {
+        cudaCheck(cudaMemset(d.dq32, 0xff, nq * 4));   // v4's scratch: never read before written
         cudaCheck(cudaMemset(d.out, 0xff, nq * 2)); cudaCheck(cudaMemset(d.lse, 0xff, nl * 4));
         cudaCheck(cudaMemset(d.dq, 0xff, nq * 2)); cudaCheck(cudaMemset(d.dk, 0xff, nk * 2));
         cudaCheck(cudaMemset(d.dv, 0xff, nk * 2)); cudaCheck(cudaMemset(d.D, 0xff, nl * 4));
@@ -1194,6 +1558,9 @@ static bool check_version(int ver, Shape s, double qsd) {
         cudaCheck(cudaDeviceSynchronize());
         download(go[rep], d.out, nq); download(gl[rep], d.lse, nl);
         download(gdq[rep], d.dq, nq); download(gdk[rep], d.dk, nk); download(gdv[rep], d.dv, nk);
+        std::vector<unsigned> tc;
+        download(tc, d.turns, nturns_of(s));
+        for (unsigned x : tc) { counters_zero &= x == 0; }
     }
     free_bufs(d);
     bool finite = true;
@@ -1202,18 +1569,21 @@ static bool check_version(int ver, Shape s, double qsd) {
     const double ev = rel_err_bf16(gdv[0], dv, &finite);
     const bool same = go[0] == go[1] && gl[0] == gl[1] && gdq[0] == gdq[1] && gdk[0] == gdk[1] && gdv[0] == gdv[1];
     const double tol = 1e-2;
-    const bool ok = finite && same && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol;
+    const bool ok = finite && same && counters_zero && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol;
     printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | %s | "
-           "repeat %s | %s\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, eq, ek, ev,
-           finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS", ok ? "PASS" : "FAIL");
+           "repeat %s%s | %s\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, eq, ek, ev,
+           finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
+           counters_zero ? "" : " | COUNTERS NOT RESET", ok ? "PASS" : "FAIL");
     return ok;
 }
 
 static bool check(int ver) {
-    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax
+    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; the last
+    // two have tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
-        {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0}};
+        {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0},
+        {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0}};
     bool ok = true;
     for (auto &c : cases) { ok &= check_version(ver, c.s, c.qsd); }
     return ok;
@@ -1365,6 +1735,9 @@ int main(int argc, char **argv) {
         printf("kernel resources:\n");
         if (v0 <= 2 && v1 >= 2) { V2_64::info("v2"); V2_128::info("v2"); }
         if (v0 <= 3 && v1 >= 3) { V3_64::info("v3"); V3_128::info("v3"); }
+        if (v0 <= 4 && v1 >= 4) {
+            V2_64::forward_info("v4", "bwd", (const void *)attention_backward_fused_kernel<64, bf16>, 128, v4_smem());
+        }
         std::vector<BenchRow> rows;
         for (const Shape &s : shapes)
             for (int x = v0; x <= v1; x++) {

@@ -10,7 +10,10 @@ Run:
     ./attention --version N --check          validate version N against the CPU reference
     ./attention --version N --bench          time version N at the preset shapes
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
-  options: --shape B,T,NH,NKV,HD (bench this shape only), --reps N, --seed S
+  options: --shape B,T,NH,NKV,HD (bench this shape only), --reps N, --seed S,
+           --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check)
+    ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
+                                             backward of several (version.variant) on one input set
 
 The op (SPEC section 3; CPU: attention_forward/attention_backward in train_mhar.c):
   q (B, T, NH, HD), k, v (B, T, NKV, HD), out (B, T, NH, HD), row-major, bf16;
@@ -35,6 +38,9 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       dQ contribution dS K (5 matmuls instead of 7), which it adds to an fp32 dQ
       in global memory in a fixed order (per-(b, h, q tile) turn counters):
       deterministic, no floating-point atomics. HD = 64 only; any T.
+      Variants 3-7 ("lite"): the same kernel with red.add, per-warp turns and cheap releases,
+      heavy-first tickets, lockstep visits, L2-local ticket batches; 1, 2, 8, 9: timing-only
+      ablations (NOTES_attention.md, "v4 variants").
 Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
 */
 #include <cuda_runtime.h>
@@ -1122,7 +1128,10 @@ __device__ __forceinline__ void store_rows_out(OutT *g, size_t gstride, const fl
 // dq, dk: OutT (bf16 in the lab, fp32 in the trainer); dv bf16. dqacc: fp32 (B, T, NH, HD)
 // scratch for the partial sums (may be dq itself when OutT is float). turns: B*NH*nkt
 // counters, ticket: one counter, all 0 at entry (and again at exit).
-template <int HD, typename OutT>
+// ABL (timing-only ablations, never checked, never for the trainer): 0 = v4 as designed; 1 = no turn
+// waits, fences or releases (the dQ adds race: wrong, unordered results); 2 = no dQ at all (no dS^T store,
+// no dS K product, no global dQ traffic, no turns).
+template <int HD, typename OutT, int ABL = 0>
 __global__ void __launch_bounds__(128)
 attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, const bf16 *q, const bf16 *k,
                                 const bf16 *v, const bf16 *dout, const float *lse, const float *Dd,
@@ -1183,9 +1192,9 @@ attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, cons
         } else {
             cp_async_wait<0>();
         }
-        if (it > 0) { __threadfence(); }   // the previous tile's dq stores, visible before its turn passes on
+        if (ABL == 0 && it > 0) { __threadfence(); }   // the previous tile's dq stores, visible before its turn passes on
         __syncthreads();
-        if (it > 0 && threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
+        if (ABL == 0 && it > 0 && threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
         if (it == 0) {
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
@@ -1230,7 +1239,7 @@ attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, cons
             }
             // dS^T (bf16, the values the dK product uses) -> this warp's 16 rows of sS
 #pragma unroll
-            for (int n = 0; n < BQ / 8; n++) {
+            for (int n = 0; n < (ABL == 2 ? 0 : BQ / 8); n++) {
                 *(uint32_t *)(sS + (warp * 16 + g) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][0], dp[n][1]);
                 *(uint32_t *)(sS + (warp * 16 + g + 8) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][2], dp[n][3]);
             }
@@ -1253,8 +1262,8 @@ attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, cons
                 }
             }
         }
-        __syncthreads();   // sS complete
-        {
+        if (ABL != 2) {
+            __syncthreads();   // sS complete
             const unsigned turn = (unsigned)(i - j);
             const int r0 = qt0 + warp * 16;
             const size_t ro = ((size_t)b * T + r0) * qs + (size_t)h * HD;
@@ -1264,7 +1273,7 @@ attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, cons
             if (turn != 0) {
                 const unsigned *cnt = turns + ((size_t)b * NH + h) * nkt + i;
                 unsigned polls = 0;
-                while (ld_acquire(cnt) != turn) {
+                while (ABL == 0 && ld_acquire(cnt) != turn) {
                     __nanosleep(64);
                     if (++polls == (1u << 26)) { __trap(); }   // seconds: a bug, not a wait; fail loudly
                 }
@@ -1319,10 +1328,297 @@ attention_backward_fused_kernel(OutT *dq, float *dqacc, OutT *dk, bf16 *dv, cons
         }
         __syncthreads();   // buffers free for the next prefetch
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
+    if (ABL == 0) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) { st_release(rel_ptr, rel_val); }
+    }
     if (kw0 >= T) { return; }   // warp-uniform; no barrier follows
+    store_rows_out<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, dka, scale, T - kw0, lane);
+    store_rows_out<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, dva, 1.f, T - kw0, lane);
+}
+
+// ----------------------------------------------------------------------------
+// v4 variants 3-9: the "lite" fused backward (same tiles and the same 5 matmuls as v4 above),
+// written after v4 measured 1.499 ms against v2's 0.964 at the 100m shape (NOTES, v4 section).
+// What changes, and why (each a suspect for v4's ~2 us of extra time per (kv tile, q tile, head)):
+//  * dQ is added with red.global.add.v2.f32 (the L2 does the add; fire and forget) instead of
+//    ld.cg + add + st.cg: no load round trip on the block's critical path, no 32 registers of
+//    partial sums. The first turn stores (no zeroing); the order of the adds is still fixed by
+//    turns, so each dq element gets the same fp32 operations in the same order: bit-identical.
+//  * Turns per (b, h, q tile, WARP): warp w adds only rows 16w..16w+15 of the q tile, so it waits
+//    for and passes on its own counter; no block-wide fence. v4 had every thread run
+//    __threadfence() (fence.sc.gpu, waiting for its stores to reach L2) on every tile. Here lane 0
+//    passes the turn on with one st.release.gpu after __syncwarp (the pattern of CUTLASS's
+//    semaphore and of cooperative groups' grid sync: a barrier, then one thread's release covers
+//    the writes of the threads before the barrier), and only in the middle of the NEXT tile
+//    (after its S, dP products and dS^T store), when the reds have long reached L2 and the release's fence
+//    finds nothing to wait for.
+//  * PREPOLL: lane 0 reads the counter (ld.relaxed, not waited for) at the top of the tile; if it
+//    already shows the turn when the dQ adds are due, a fence.acq_rel.gpu makes it an acquire
+//    pattern (strong read, then fence) with no round trip in the way; otherwise it spins with
+//    ld.acquire as v4 did.
+//  * No barrier at the end of each tile: the prefetch at the top of tile it refills the buffer
+//    of tile it-1, which every warp finished reading before tile it-1's "sS complete" barrier.
+//  * Order and tickets (CHAIN, TICK, LOCK), from a list-scheduling model of the 100m grid
+//    (2048 blocks, 264 slots, unit steps; NOTES): v4's order (descending chain j = i..0, light
+//    kv tiles first) finishes 12.5% after the average slot load; heavy kv tiles first with an
+//    ascending chain (j = 0..i) and v4's visiting order waits 8% (block j lags j-1 by k+1 steps
+//    per head k): +9%. With LOCK (a block visits its q tiles i DESCENDING, the G heads of a tile
+//    back to back: every block of a (b, kvh) visits (head, q tile) at the same step index, so a
+//    block that started no later than its successor is never behind it): +1.1..1.6%, i.e. the
+//    tail is gone. And L2: v4's kv-tile-major tickets keep all B*NKV = 64 (b, kvh) groups active at
+//    once: 64 x (1 MB of Q, dO + 1 MB of fp32 dq) streams through a 60 MB L2, and consecutive
+//    contributions to one dq tile come many steps apart: the dq adds and Q/dO loads likely miss
+//    L2 (~2.2 GB of dq traffic at the 100m shape). TICK = 16 (32) hands out the tickets in batches of
+//    16 (32) (b, kvh) groups, kv tile major (heavy first) inside a batch: ~18 (~33) groups active;
+//    model +1.6..6.2% (+1.5..3.1%) for a release latency of 1/4..1 step: each batch start
+//    replays the lockstep chain's small lags (dev/cuda/v4_order_model.py).
+//  * Forward progress (every CHAIN/TICK pair allowed by the static_asserts): a block waits only
+//    for the block of its (b, kvh) with the preceding kv tile of the chain (j+1 descending, j-1
+//    ascending), whose ticket is smaller (TICK 0 hands out higher j first, TICK 1 and 2 lower j
+//    first); a ticket is drawn only by a running block, which stays resident until it exits, so
+//    by induction over tickets every block finishes, for any residency and block order. A
+//    block's deferred release waits only for its own next tile's barrier, which waits only for
+//    smaller tickets: no cycle. The last turn of each counter (j = 0 descending, j = i
+//    ascending) resets it to 0 (nobody reads it again in this launch): the counters are 0 after
+//    every call.
+// CHAIN 0 (no order) and DQ = false are timing-only ablations (racy / no dQ): never checked,
+// never for the trainer. dq is fp32 (the trainer's dq; here the lab's dq32 scratch).
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_relaxed(unsigned *p, unsigned v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void red_add_v2(float *p, float x, float y) {
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+// CHAIN: 0 none (ablation), 1 descending (j = i..0, v4's), 2 ascending (j = 0..i).
+// TICK: 0 kv tile major, highest j first (v4's); 1 kv tile major, lowest j first; TICK >= 2: batches
+// of TICK (b, kvh) groups, kv tile major, lowest j first inside a batch. LOCK: q tiles descending, heads
+// inner (else v4's: heads outer, q tiles ascending). turns: B*NH*nkt*4 counters, ticket: one.
+template <typename OutT, int CHAIN, int TICK, bool LOCK, bool DQ, bool PREPOLL>
+__global__ void __launch_bounds__(128)
+attention_backward_fused_lite_kernel(float *dq, OutT *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
+                                     const bf16 *dout, const float *lse, const float *Dd, unsigned *turns,
+                                     unsigned *ticket, int B, int T, int NH, int NKV, float scale, float sl2) {
+    static_assert(CHAIN != 1 || TICK == 0, "descending chain: its predecessor j+1 must hold a smaller ticket");
+    static_assert(CHAIN != 2 || TICK != 0, "ascending chain: its predecessor j-1 must hold a smaller ticket");
+    constexpr int HD = 64, BK = 64, BQ = 64, LD = HD + PAD, LDS = BQ + PAD, NT = 128, SB = TICK;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BK * LD, *sQ = sV + BK * LD, *sdO = sQ + 2 * BQ * LD;
+    bf16 *sS = sdO + 2 * BQ * LD;
+    float *sL = (float *)(sS + BK * LDS), *sD = sL + 2 * BQ;
+    __shared__ unsigned s_ticket;
+    const int nkt = (T + BK - 1) / BK, NG = B * NKV;
+    if (threadIdx.x == 0) {
+        const unsigned t = atomicAdd(ticket, 1u);
+        if (t == gridDim.x - 1) { atomicExch(ticket, 0u); }
+        s_ticket = t;
+    }
+    __syncthreads();
+    const int tk = (int)s_ticket;
+    int j, grp;
+    if (TICK == 0) { j = nkt - 1 - tk / NG; grp = tk % NG; }
+    else if (TICK == 1) { j = tk / NG; grp = tk % NG; }
+    else {   // batches of SB groups
+        const int g0 = tk / (SB * nkt) * SB, sb = min(SB, NG - g0), r = tk - g0 * nkt;
+        j = r / sb; grp = g0 + r % sb;
+    }
+    const int kvh = grp % NKV, b = grp / NKV;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    const int G = NH / NKV, k0 = j * BK, kw0 = k0 + warp * 16;
+    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
+    const int nq = nkt - j, nit = G * nq;
+    auto head_of = [&](int it) { return kvh * G + (LOCK ? it % G : it / nq); };
+    auto qtile_of = [&](int it) { return LOCK ? nkt - 1 - it / G : j + it % nq; };
+
+    auto issue = [&](int it, int buf) {
+        const int h = head_of(it), qt0 = qtile_of(it) * BQ;
+        const size_t go = ((size_t)b * T + qt0) * qs + (size_t)h * HD;
+        load_tile_n<BQ, HD, NT>(sQ + buf * BQ * LD, q + go, qs, T - qt0);
+        load_tile_n<BQ, HD, NT>(sdO + buf * BQ * LD, dout + go, qs, T - qt0);
+        if (threadIdx.x < 2 * BQ) {
+            const int i = threadIdx.x % BQ, isL = threadIdx.x < BQ;
+            float *dst = (isL ? sL : sD) + buf * BQ + i;
+            if (qt0 + i < T) { cp_async4(dst, (isL ? lse : Dd) + ((size_t)b * NH + h) * T + qt0 + i); }
+            else { *dst = isL ? INFINITY : 0.f; }
+        }
+    };
+    const size_t kgo = ((size_t)b * T + k0) * ks + (size_t)kvh * HD;
+    load_tile_n<BK, HD, NT>(sK, k + kgo, ks, T - k0);
+    load_tile_n<BK, HD, NT>(sV, v + kgo, ks, T - k0);
+    issue(0, 0);
+    cp_async_commit();
+
+    uint32_t kf[HD / 16][4], vf[HD / 16][4];
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { dka[n][e] = 0.f; dva[n][e] = 0.f; }
+
+    unsigned *rel_ptr = nullptr;   // this warp's turn counter still to pass on, and its new value
+    unsigned rel_val = 0;
+    for (int it = 0; it < nit; it++) {
+        if (it + 1 < nit) {
+            issue(it + 1, (it + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();   // tile it in smem; every warp done with tile it-1's sS
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                ldsm_x4(kf[kk], a_addr(sK, LD, warp * 16, kk * 16, lane));
+                ldsm_x4(vf[kk], a_addr(sV, LD, warp * 16, kk * 16, lane));
+            }
+        }
+        const int buf = it & 1, h = head_of(it), i = qtile_of(it), qt0 = i * BQ, r0 = qt0 + warp * 16;
+        const bf16 *cQ = sQ + buf * BQ * LD, *cdO = sdO + buf * BQ * LD;
+        const float *cL = sL + buf * BQ, *cD = sD + buf * BQ;
+        unsigned *cnt = turns + (((size_t)b * NH + h) * nkt + i) * 4 + warp;
+        const unsigned turn = CHAIN == 1 ? (unsigned)(i - j) : (unsigned)j;
+        const bool first = CHAIN == 1 ? i == j : j == 0, last = CHAIN == 1 ? j == 0 : j == i;
+        unsigned seen = ~0u;
+        if (CHAIN != 0 && DQ && PREPOLL && !first && lane == 0) { seen = ld_relaxed(cnt); }
+        {
+            float s[BQ / 8][4], dp[BQ / 8][4];
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int nn = 0; nn < BQ / 16; nn++) {
+                    uint32_t bb[4];
+                    ldsm_x4(bb, bn_addr(cQ, LD, nn * 16, kk * 16, lane));
+                    mma16816(s[2 * nn], kf[kk], bb[0], bb[1]);
+                    mma16816(s[2 * nn + 1], kf[kk], bb[2], bb[3]);
+                    ldsm_x4(bb, bn_addr(cdO, LD, nn * 16, kk * 16, lane));
+                    mma16816(dp[2 * nn], vf[kk], bb[0], bb[1]);
+                    mma16816(dp[2 * nn + 1], vf[kk], bb[2], bb[3]);
+                }
+            }
+            const bool mask = qt0 < kw0 + 15;
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++) {
+                const float2 L = *(const float2 *)(cL + n * 8 + 2 * t4), D = *(const float2 *)(cD + n * 8 + 2 * t4);
+                const float L2[2] = {L.x * LOG2E, L.y * LOG2E}, Dv[2] = {D.x, D.y};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e & 1]));
+                    if (mask && qt0 + n * 8 + 2 * t4 + (e & 1) < kw0 + g + (e >> 1) * 8) { p = 0.f; }
+                    s[n][e] = p;
+                    dp[n][e] = p * (dp[n][e] - Dv[e & 1]);
+                }
+            }
+            if (DQ) {
+#pragma unroll
+                for (int n = 0; n < BQ / 8; n++) {
+                    *(uint32_t *)(sS + (warp * 16 + g) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][0], dp[n][1]);
+                    *(uint32_t *)(sS + (warp * 16 + g + 8) * LDS + n * 8 + 2 * t4) = pack_bf16(dp[n][2], dp[n][3]);
+                }
+            }
+            // pass on the previous tile's turn: its adds were issued before this tile's first barrier
+            // and (like the pre-poll load) are back by now, so the release's fence has nothing to wait for
+            if (CHAIN != 0 && DQ && rel_ptr != nullptr) {
+                __syncwarp();
+                if (lane == 0) { st_release(rel_ptr, rel_val); }
+                rel_ptr = nullptr;
+            }
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                uint32_t ap[4], ad[4];
+                ap[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]); ap[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+                ap[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]); ap[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+                ad[0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]); ad[1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
+                ad[2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]); ad[3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+#pragma unroll
+                for (int dn = 0; dn < HD / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm_x4_t(bb, bt_addr(cdO, LD, kc * 16, dn * 16, lane));
+                    mma16816(dva[2 * dn], ap, bb[0], bb[1]);
+                    mma16816(dva[2 * dn + 1], ap, bb[2], bb[3]);
+                    ldsm_x4_t(bb, bt_addr(cQ, LD, kc * 16, dn * 16, lane));
+                    mma16816(dka[2 * dn], ad, bb[0], bb[1]);
+                    mma16816(dka[2 * dn + 1], ad, bb[2], bb[3]);
+                }
+            }
+        }
+        if (DQ) {
+            __syncthreads();   // sS complete
+            float dqc[HD / 8][4];
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) { dqc[n][0] = dqc[n][1] = dqc[n][2] = dqc[n][3] = 0.f; }
+            const int kcmax = qt0 == k0 ? warp + 1 : BK / 16;   // diagonal tile: dS = 0 past the warp's rows
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) {
+                if (kc < kcmax) {
+                    uint32_t a[4];
+                    ldsm_x4_t(a, bn_addr(sS, LDS, kc * 16, warp * 16, lane));
+#pragma unroll
+                    for (int dn = 0; dn < HD / 16; dn++) {
+                        uint32_t bb[4];
+                        ldsm_x4_t(bb, bt_addr(sK, LD, kc * 16, dn * 16, lane));
+                        mma16816(dqc[2 * dn], a, bb[0], bb[1]);
+                        mma16816(dqc[2 * dn + 1], a, bb[2], bb[3]);
+                    }
+                }
+            }
+            if (CHAIN != 0 && !first) {   // this warp's turn of (b, h, q tile i)
+                if (lane == 0) {
+                    if (PREPOLL && seen == turn) {
+                        fence_acq_rel_gpu();   // strong read + fence: an acquire pattern
+                    } else {
+                        unsigned polls = 0;
+                        while (ld_acquire(cnt) != turn) {
+                            __nanosleep(32);
+                            if (++polls == (1u << 26)) { __trap(); }
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+            const size_t ro = ((size_t)b * T + r0) * qs + (size_t)h * HD;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = g + 8 * half;
+                if (r0 + row < T) {
+#pragma unroll
+                    for (int n = 0; n < HD / 8; n++) {
+                        float *p = dq + ro + (size_t)row * qs + n * 8 + 2 * t4;
+                        const float x = dqc[n][2 * half] * scale, y = dqc[n][2 * half + 1] * scale;
+                        if (first) { __stcg((float2 *)p, make_float2(x, y)); }
+                        else { red_add_v2(p, x, y); }
+                    }
+                }
+            }
+            if (CHAIN != 0) {
+                if (last) {
+                    if (lane == 0) { st_relaxed(cnt, 0u); }   // nobody reads it again in this launch
+                } else {
+                    rel_ptr = cnt;
+                    rel_val = turn + 1;
+                }
+            }
+        } else {
+            __syncthreads();   // no dQ: no "sS complete" barrier, so guard the buffers of the next prefetch here
+        }
+    }
+    if (CHAIN != 0 && DQ && rel_ptr != nullptr) {
+        __syncwarp();
+        if (lane == 0) { st_release(rel_ptr, rel_val); }
+    }
+    if (kw0 >= T) { return; }
     store_rows_out<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, dka, scale, T - kw0, lane);
     store_rows_out<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, dva, 1.f, T - kw0, lane);
 }
@@ -1427,17 +1723,49 @@ static size_t v4_smem() { return (size_t)(2 * 64 + 4 * 64 + 64) * (64 + PAD) * s
 static void forward_v4(const Shape &s, const Bufs &d) {
     if (s.T % 128 == 0) { V3_64::forward(s, d); } else { forward_v1<2>(s, d); }
 }
+// v4's variants (--variant K). 0: v4 as designed and measured. 1, 2: v4 timing ablations. 3-7: the lite
+// kernel's deterministic candidates. 8, 9: lite timing ablations. Ablations are never --check'ed.
+// lite variants write dq in fp32 (d.dq32, as the trainer's dq); v4's 0-2 write bf16 d.dq.
+struct V4Variant { const char *name; bool timing_only, dq_fp32; const void *kern; };
+typedef void (*LiteKern)(float *, bf16 *, bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                         const float *, const float *, unsigned *, unsigned *, int, int, int, int, float, float);
+static const int NVARIANTS = 10;
+static const V4Variant v4_variants[NVARIANTS] = {
+    {"v4: desc chain, light-first, ld/add/st + __threadfence", false, false, (const void *)attention_backward_fused_kernel<64, bf16, 0>},
+    {"ABLATION v4 no turn waits/fences (racy)", true, false, (const void *)attention_backward_fused_kernel<64, bf16, 1>},
+    {"ABLATION v4 no dQ at all", true, false, (const void *)attention_backward_fused_kernel<64, bf16, 2>},
+    {"lite: v4 order (desc, light-first), red + warp turns", false, true, (const void *)attention_backward_fused_lite_kernel<bf16, 1, 0, false, true, true>},
+    {"lite: asc chain, heavy-first, lockstep visits", false, true, (const void *)attention_backward_fused_lite_kernel<bf16, 2, 1, true, true, true>},
+    {"lite: asc, heavy-first in batches of 16 groups, lockstep", false, true, (const void *)attention_backward_fused_lite_kernel<bf16, 2, 16, true, true, true>},
+    {"lite: asc, heavy-first in batches of 32 groups, lockstep", false, true, (const void *)attention_backward_fused_lite_kernel<bf16, 2, 32, true, true, true>},
+    {"lite: as 5, ld.acquire at use (no pre-poll)", false, true, (const void *)attention_backward_fused_lite_kernel<bf16, 2, 16, true, true, false>},
+    {"ABLATION lite as 5, no order (racy red, FA2-like)", true, true, (const void *)attention_backward_fused_lite_kernel<bf16, 0, 16, true, true, true>},
+    {"ABLATION lite as 5, no dQ at all", true, true, (const void *)attention_backward_fused_lite_kernel<bf16, 0, 16, true, false, true>},
+};
+static int g_variant = 0;   // the v4 variant run_backward uses
 static void backward_v4(const Shape &s, const Bufs &d) {
-    static bool init = false;
-    auto kern = attention_backward_fused_kernel<64, bf16>;
-    if (!init) { set_smem(kern, v4_smem()); init = true; }
+    static bool init[NVARIANTS] = {};
+    const V4Variant &V = v4_variants[g_variant];
+    if (!init[g_variant]) {
+        cudaCheck(cudaFuncSetAttribute(V.kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v4_smem()));
+        init[g_variant] = true;
+    }
     const float scale = 1.f / sqrtf(64.f), sl2 = scale * LOG2E;
     backward_prep<64>(s, d);
     const int nkt = (s.T + 63) / 64;
-    unsigned *ticket = d.turns + (size_t)s.B * s.NH * nkt;
-    kern<<<nkt * s.NKV * s.B, 128, v4_smem()>>>(d.dq, d.dq32, d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse, d.D, d.turns,
-                                                ticket, s.B, s.T, s.NH, s.NKV, scale, sl2);
-    launch_check("attention_backward_fused_kernel");
+    unsigned *ticket = d.turns + (size_t)s.B * s.NH * nkt * 4;   // after the lite variants' per-warp counters
+    const unsigned grid = nkt * s.NKV * s.B;
+    if (g_variant < 3) {
+        auto kern = (void (*)(bf16 *, float *, bf16 *, bf16 *, const bf16 *, const bf16 *, const bf16 *, const bf16 *,
+                              const float *, const float *, unsigned *, unsigned *, int, int, int, int, float,
+                              float))V.kern;
+        kern<<<grid, 128, v4_smem()>>>(d.dq, d.dq32, d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse, d.D, d.turns, ticket,
+                                       s.B, s.T, s.NH, s.NKV, scale, sl2);
+    } else {
+        ((LiteKern)V.kern)<<<grid, 128, v4_smem()>>>(d.dq32, d.dk, d.dv, d.q, d.k, d.v, d.dout, d.lse, d.D, d.turns,
+                                                     ticket, s.B, s.T, s.NH, s.NKV, scale, sl2);
+    }
+    launch_check(V.name);
 }
 
 static const int NVERSIONS = 4;
@@ -1471,7 +1799,7 @@ static void run_backward(int ver, const Shape &s, const Bufs &d) {
 static size_t nq_of(const Shape &s) { return (size_t)s.B * s.T * s.NH * s.HD; }
 static size_t nk_of(const Shape &s) { return (size_t)s.B * s.T * s.NKV * s.HD; }
 static size_t nl_of(const Shape &s) { return (size_t)s.B * s.NH * s.T; }
-static size_t nturns_of(const Shape &s) { return (size_t)s.B * s.NH * ((s.T + 63) / 64) + 1; }
+static size_t nturns_of(const Shape &s) { return (size_t)s.B * s.NH * ((s.T + 63) / 64) * 4 + 1; }   // per warp (lite), then the ticket
 
 static void alloc_bufs(Bufs &d, const Shape &s) {
     const size_t nq = nq_of(s), nk = nk_of(s), nl = nl_of(s);
@@ -1545,7 +1873,8 @@ static bool check_version(int ver, Shape s, double qsd) {
     cudaCheck(cudaMemcpy(d.v, hv.data(), nk * 2, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d.dout, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
     std::vector<uint16_t> go[2], gdq[2], gdk[2], gdv[2];
-    std::vector<float> gl[2];
+    std::vector<float> gl[2], gdq32[2];
+    const bool dq_fp32 = ver == 4 && v4_variants[g_variant].dq_fp32;   // lite: dq in fp32 (d.dq32)
     bool counters_zero = true;   // v4 must leave its turn and ticket counters at 0
     for (int rep = 0; rep < 2; rep++) {
         cudaCheck(cudaMemset(d.dq32, 0xff, nq * 4));   // v4's scratch: never read before written
@@ -1557,7 +1886,8 @@ static bool check_version(int ver, Shape s, double qsd) {
         run_backward(ver, s, d);
         cudaCheck(cudaDeviceSynchronize());
         download(go[rep], d.out, nq); download(gl[rep], d.lse, nl);
-        download(gdq[rep], d.dq, nq); download(gdk[rep], d.dk, nk); download(gdv[rep], d.dv, nk);
+        if (dq_fp32) { download(gdq32[rep], d.dq32, nq); } else { download(gdq[rep], d.dq, nq); }
+        download(gdk[rep], d.dk, nk); download(gdv[rep], d.dv, nk);
         std::vector<unsigned> tc;
         download(tc, d.turns, nturns_of(s));
         for (unsigned x : tc) { counters_zero &= x == 0; }
@@ -1565,25 +1895,31 @@ static bool check_version(int ver, Shape s, double qsd) {
     free_bufs(d);
     bool finite = true;
     const double eo = rel_err_bf16(go[0], out, &finite), el = rel_err_f32(gl[0], lse, &finite);
-    const double eq = rel_err_bf16(gdq[0], dq, &finite), ek = rel_err_bf16(gdk[0], dk, &finite);
+    const double eq = dq_fp32 ? rel_err_f32(gdq32[0], dq, &finite) : rel_err_bf16(gdq[0], dq, &finite);
+    const double ek = rel_err_bf16(gdk[0], dk, &finite);
     const double ev = rel_err_bf16(gdv[0], dv, &finite);
-    const bool same = go[0] == go[1] && gl[0] == gl[1] && gdq[0] == gdq[1] && gdk[0] == gdk[1] && gdv[0] == gdv[1];
+    const bool same = go[0] == go[1] && gl[0] == gl[1] && gdq[0] == gdq[1] && gdk[0] == gdk[1] && gdv[0] == gdv[1] &&
+                      gdq32[0].size() == gdq32[1].size() &&
+                      (gdq32[0].empty() || !memcmp(gdq32[0].data(), gdq32[1].data(), gdq32[0].size() * sizeof(float)));
     const double tol = 1e-2;
     const bool ok = finite && same && counters_zero && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol;
-    printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e | %s | "
-           "repeat %s%s | %s\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, eq, ek, ev,
+    char tag[16] = "";
+    if (ver == 4) { snprintf(tag, sizeof tag, ".%d", g_variant); }
+    printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq%s %.2e dk %.2e dv %.2e | %s | "
+           "repeat %s%s | %s\n", ver, tag, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, dq_fp32 ? "(fp32)" : "", eq, ek, ev,
            finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
            counters_zero ? "" : " | COUNTERS NOT RESET", ok ? "PASS" : "FAIL");
     return ok;
 }
 
 static bool check(int ver) {
-    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; the last
-    // two have tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles
+    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; two with
+    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
         {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0},
-        {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0}};
+        {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0},
+        {{9, 256, 8, 4, 64}, 1.0}};   // 36 (b, kvh) groups: several ticket batches of v4's lite variants
     bool ok = true;
     for (auto &c : cases) { ok &= check_version(ver, c.s, c.qsd); }
     return ok;
@@ -1672,16 +2008,82 @@ static void print_table(const std::vector<BenchRow> &rows) {
     }
 }
 
+// --bench-list: several (version, v4 variant) configurations on ONE set of inputs per shape, in
+// `rounds` round-robin passes (so drift hits all alike); backward only (prep + kernels), median of reps
+// per pass. Table: each pass's median, the best, model TFLOP/s and the speedup over v2's best.
+struct Cfg { int ver, var; };
+static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int rounds) {
+    Bufs d;
+    alloc_bufs(d, s);
+    fill_random_device(d.q, nq_of(s), 1.0); fill_random_device(d.k, nk_of(s), 1.0);
+    fill_random_device(d.v, nk_of(s), 1.0); fill_random_device(d.dout, nq_of(s), 1.0);
+    cudaEvent_t e0, e1;
+    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
+    std::vector<std::vector<double>> med(cfgs.size());
+    for (int r = 0; r < rounds; r++)
+        for (size_t c = 0; c < cfgs.size(); c++) {
+            if (unsupported(cfgs[c].ver, s)) { continue; }
+            g_variant = cfgs[c].var;
+            run_forward(cfgs[c].ver, s, d);
+            std::vector<float> tb;
+            for (int i = 0; i < 3 + reps; i++) {
+                float ms;
+                cudaCheck(cudaEventRecord(e0));
+                run_backward(cfgs[c].ver, s, d);
+                cudaCheck(cudaEventRecord(e1));
+                cudaCheck(cudaEventSynchronize(e1));
+                cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+                if (i >= 3) { tb.push_back(ms); }
+            }
+            med[c].push_back(median(tb));
+            printf("pass %d cfg %d.%d bwd median %.3f ms\n", r, cfgs[c].ver, cfgs[c].var, med[c].back());
+            fflush(stdout);   // a later configuration that traps must not take these figures with it
+        }
+    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
+    free_bufs(d);
+    double ffl, fby, bfl, bby, v2best = NAN;
+    floors(s, &ffl, &fby, &bfl, &bby);
+    for (size_t c = 0; c < cfgs.size(); c++)
+        if (cfgs[c].ver == 2 && !med[c].empty()) { v2best = *std::min_element(med[c].begin(), med[c].end()); }
+    printf("\nbench-list B=%d T=%d NH=%d NKV=%d HD=%d, backward (prep + kernels), median of %d reps per pass\n", s.B,
+           s.T, s.NH, s.NKV, s.HD, reps);
+    printf("%-5s | %-58s | %s | %7s %7s %6s\n", "cfg", "what", "bwd ms per pass", "best", "TFLOP/s", "vs v2");
+    for (size_t c = 0; c < cfgs.size(); c++) {
+        char id[16];
+        if (cfgs[c].ver == 4) { snprintf(id, sizeof id, "v4.%d", cfgs[c].var); } else { snprintf(id, sizeof id, "v%d", cfgs[c].ver); }
+        const char *what = cfgs[c].ver == 4 ? v4_variants[cfgs[c].var].name : version_name[cfgs[c].ver];
+        if (med[c].empty()) { printf("%-5s | %-58.58s | skipped\n", id, what); continue; }
+        const double best = *std::min_element(med[c].begin(), med[c].end());
+        printf("%-5s | %-58.58s |", id, what);
+        for (double m : med[c]) { printf(" %.3f", m); }
+        printf(" | %7.3f %7.1f %5.2fx\n", best, bfl / (best * 1e-3) / 1e12, v2best / best);
+    }
+}
+
 // ----------------------------------------------------------------------------
 
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N | --all] [--check] [--bench]\n"
-                    "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n");
+                    "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
+                    "                 [--variant K[,K...]]   v4 variants for --check/--bench (default 0)\n"
+                    "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
+}
+static std::vector<int> parse_ints(const char *a) {
+    std::vector<int> v;
+    for (const char *p = a; *p;) {
+        char *e;
+        v.push_back((int)strtol(p, &e, 10));
+        if (e == p) { usage(); }
+        p = *e == ',' ? e + 1 : e;
+    }
+    return v;
 }
 
 int main(int argc, char **argv) {
-    int ver = 0, reps = 30;
+    int ver = 0, reps = 30, rounds = 2;
+    std::vector<int> variants = {0};
+    std::vector<Cfg> blist;
     bool all = false, do_check = false, do_bench = false, selftest = false, have_shape = false;
     Shape user = {0, 0, 0, 0, 0};
     uint64_t seed = (uint64_t)time(NULL);
@@ -1694,6 +2096,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--cpu-selftest")) { selftest = true; }
         else if (!strcmp(a, "--reps") && i + 1 < argc) { reps = atoi(argv[++i]); }
         else if (!strcmp(a, "--seed") && i + 1 < argc) { seed = strtoull(argv[++i], NULL, 10); }
+        else if (!strcmp(a, "--variant") && i + 1 < argc) { variants = parse_ints(argv[++i]); }
+        else if (!strcmp(a, "--rounds") && i + 1 < argc) { rounds = atoi(argv[++i]); }
+        else if (!strcmp(a, "--bench-list") && i + 1 < argc) {
+            for (const char *p = argv[++i]; *p;) {
+                char *e;
+                Cfg c = {(int)strtol(p, &e, 10), 0};
+                if (e == p) { usage(); }
+                if (*e == '.') { p = e + 1; c.var = (int)strtol(p, &e, 10); if (e == p) { usage(); } }
+                blist.push_back(c);
+                p = *e == ',' ? e + 1 : e;
+            }
+        }
         else if (!strcmp(a, "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &user.B, &user.T, &user.NH, &user.NKV, &user.HD) != 5) { usage(); }
             have_shape = true;
@@ -1702,6 +2116,23 @@ int main(int argc, char **argv) {
     rng_state = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     if (selftest) { return cpu_selftest(); }
+    for (int x : variants) { if (x < 0 || x >= NVARIANTS) { usage(); } }
+    for (const Cfg &c : blist) { if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= NVARIANTS) { usage(); } }
+    if (!blist.empty()) {
+        cudaDeviceProp prop;
+        cudaCheck(cudaGetDeviceProperties(&prop, 0));
+        printf("device: %s, %d SMs\nkernel resources:\n", prop.name, prop.multiProcessorCount);
+        for (const Cfg &c : blist) {
+            if (c.ver == 2) { V2_64::info("v2"); }
+            if (c.ver == 4) {
+                char tag[16];
+                snprintf(tag, sizeof tag, "v4.%d", c.var);
+                V2_64::forward_info(tag, "bwd", v4_variants[c.var].kern, 128, v4_smem());
+            }
+        }
+        bench_list(blist, have_shape ? user : Shape{16, 2048, 8, 4, 64}, reps, rounds);
+        return 0;
+    }
     if (!all && (ver < 1 || ver > NVERSIONS)) { usage(); }
     if (!do_check && !do_bench) {
         if (!all) { usage(); }
@@ -1718,8 +2149,17 @@ int main(int argc, char **argv) {
     if (do_check) {
         sync_launches = true;   // attribute an execution error to its kernel
         for (int x = v0; x <= v1; x++) {
-            printf("--- check %s\n", version_name[x]);
-            ok &= check(x);
+            if (x != 4) {
+                printf("--- check %s\n", version_name[x]);
+                ok &= check(x);
+                continue;
+            }
+            for (int var : variants) {
+                printf("--- check %s, variant %d: %s\n", version_name[x], var, v4_variants[var].name);
+                if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
+                g_variant = var;
+                ok &= check(x);
+            }
         }
         sync_launches = false;
         printf("check: %s\n", ok ? "PASS" : "FAIL");
@@ -1736,12 +2176,13 @@ int main(int argc, char **argv) {
         if (v0 <= 2 && v1 >= 2) { V2_64::info("v2"); V2_128::info("v2"); }
         if (v0 <= 3 && v1 >= 3) { V3_64::info("v3"); V3_128::info("v3"); }
         if (v0 <= 4 && v1 >= 4) {
-            V2_64::forward_info("v4", "bwd", (const void *)attention_backward_fused_kernel<64, bf16>, 128, v4_smem());
+            V2_64::forward_info("v4", "bwd", v4_variants[variants[0]].kern, 128, v4_smem());
         }
         std::vector<BenchRow> rows;
         for (const Shape &s : shapes)
             for (int x = v0; x <= v1; x++) {
                 if (do_check && !ok) { break; }   // never time a version that failed its check
+                g_variant = variants[0];
                 rows.push_back(bench_one(x, s, reps));
             }
         print_table(rows);

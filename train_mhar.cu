@@ -2584,6 +2584,24 @@ static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
     return tp;
 }
 
+// Launches route_slot_param_kernel<CPT> over P partitions of positions (grid:
+// 256 * CPT channels per block), raising its shared-memory limit when a tile needs more
+template <int CPT>
+static void route_slot_param(float *part, const float *dsr, const floatX *v, int nr, size_t N, unsigned P,
+                             const RouteGeo &geo) {
+    size_t smem;
+    int tp = route_param_tile(CPT, nr, geo.H, &smem);
+    static size_t smem_set = 0;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<CPT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem));
+        smem_set = smem;
+    }
+    route_slot_param_kernel<CPT><<<dim3(ceil_div(geo.C, 256 * CPT), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                     geo.H, tp);
+    launchCheck();
+}
+
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
 // (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
@@ -2603,29 +2621,8 @@ void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, fl
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
     prof("bwd route: q/gamma parts");
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    size_t smem;
-    if ((geo.C / geo.H) % 2 == 0) {   // two channels a thread, of one head
-        int tp = route_param_tile(2, nr, geo.H, &smem);
-        static size_t smem_set = 0;
-        if (smem > smem_set) {
-            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-            smem_set = smem;
-        }
-        route_slot_param_kernel<2><<<dim3(ceil_div(geo.C, 512), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
-                                                                                  geo.H, tp);
-    } else {
-        int tp = route_param_tile(1, nr, geo.H, &smem);
-        static size_t smem_set = 0;
-        if (smem > smem_set) {
-            cudaCheck(cudaFuncSetAttribute(route_slot_param_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
-            smem_set = smem;
-        }
-        route_slot_param_kernel<1><<<dim3(ceil_div(geo.C, 256), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
-                                                                                  geo.H, tp);
-    }
-    launchCheck();
+    if ((geo.C / geo.H) % 2 == 0) { route_slot_param<2>(part, dsr, v, nr, N, P, geo); }   // two channels a thread, of one head
+    else { route_slot_param<1>(part, dsr, v, nr, N, P, geo); }
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
     route_reduce_parts(qv, part, rd_pair, (int)P, nr, geo.C, 0);
 }

@@ -59,8 +59,16 @@ Versions (NOTES_route.md has the byte counts and predictions):
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
 
-The GPU versions have NOT been run yet: this file was written and compiled on
-a machine without a GPU. --cpu-selftest and --bytes ran there.
+STATUS (H200, 2026-11-29): --check PASS for v1, v2, v4, v5 (v5's bf16 dslot
+copy equal to bf16(dslot) bit for bit); v3 6 of 8 shapes ok when a timeout cut
+it; v6 not run. --bench (100M, full mode, H=8) v4 vs v5 only: backward 11.755
+-> 9.454 ms (2.55x -> 1.97x the floor at copy rate), forward 3.91 ms both. In
+the trainer (MHAR_PROFILE, ms a step, mhar H=8): q/gamma parts 4.18 -> 1.48
+(predicted 0.6-1.0), slot gather 9.67 -> 9.28 (predicted 5-6.5; still 2.6x its
+byte floor: the L1 prefetch of lse/S bought little), the 1.58 ms cast gone into
+the gather; block S=4: gather 3.93 -> 3.89, q/gamma 1.96 -> 1.21. Next ideas
+(NOTES_route.md): ncu on the gather, two slots per pass over G, the q/gamma
+pass fused into the gather, the two-phase forward on a second stream.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -111,20 +111,9 @@ static void cuda_check(cudaError_t e, const char *file, int line) {
 #define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
 #define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 
-static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
-static void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
+#include "lab_util.cuh"   // the labs' shared helpers: the trainer's small ones, inputs, checks, timing
 
-__device__ __host__ inline float toF(float x) { return x; }
-__device__ __host__ inline float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __host__ inline T fromF(float x);
-template <> __device__ __host__ inline float fromF<float>(float x) { return x; }
-template <> __device__ __host__ inline __nv_bfloat16 fromF<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-
-// Butterfly reductions: every lane ends with the same value, in a fixed order.
-__device__ inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
-}
+// Butterfly reductions (warp_sum: lab_util.cuh): every lane ends with the same value, in a fixed order.
 __device__ inline float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o)); }
     return v;
@@ -151,15 +140,7 @@ __device__ float block_max(float v) {
     return warp_max(x);
 }
 
-// Deterministic per-channel sums over many rows: a kernel writes one partial
-// per (partition of rows, channel); a second sums the partitions in order.
-// Row partitions hold at least 64 rows and there are at most RED_PARTS_MAX.
-#define RED_PARTS_MAX 512
-static int red_rows_per_part(size_t rows) {
-    size_t r = (rows + RED_PARTS_MAX - 1) / RED_PARTS_MAX;
-    return (int)(r < 64 ? 64 : r);
-}
-
+// Deterministic per-channel sums over many rows (red_rows_per_part: lab_util.cuh).
 // dw (D) += sum over the P partitions of partial (P, D), in partition order
 __global__ void reduce_partials_kernel(float *dw, const float *partial, int P, int D) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -977,32 +958,6 @@ static void swiglu_backward(int ver, const SwBufs &b) {
 // logits take milliseconds), then copied to the host for the reference.
 // ============================================================================
 
-__host__ __device__ inline uint64_t mix64(uint64_t z) {   // splitmix64's finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-__device__ inline float urand(uint64_t seed, uint64_t i) {   // [0, 1)
-    return (float)(mix64(seed ^ mix64(i)) >> 40) * (1.0f / 16777216.0f);
-}
-__device__ inline float nrand(uint64_t seed, uint64_t i) {   // mean 0, variance 1, within +-3.46 (sum of 4 uniforms)
-    float s = 0.0f;
-    for (int k = 0; k < 4; k++) { s += urand(seed + 0x632be59bd9b4e019ull * (k + 1), i); }
-    return (s - 2.0f) * 1.7320508f;
-}
-
-template <typename T>
-__global__ void fill_normal_kernel(T *p, size_t n, uint64_t seed, float mean, float sd) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        p[i] = fromF<T>(mean + sd * nrand(seed, i));
-    }
-}
-template <typename T> static void fill_normal(T *p, size_t n, uint64_t seed, float mean, float sd) {
-    fill_normal_kernel<T><<<4096, 256>>>(p, n, seed, mean, sd);
-    launchCheck();
-}
-
 // QK-norm input: rows of different scales (0.05 .. 3.05), so rstd varies 60x
 __global__ void fill_rows_kernel(floatX *p, size_t rows, int D, uint64_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * D; i += (size_t)gridDim.x * blockDim.x) {
@@ -1058,8 +1013,6 @@ static void rope_tables(std::vector<float> &cs, std::vector<float> &sn, int T, i
 // ============================================================================
 // CPU references, fp64 (train_mhar.c's definitions)
 // ============================================================================
-
-static float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 
 // One row: x (Vp), the first V real. loss, lse, and dx (Vp) = (softmax - onehot) dloss, 0 past V.
 static void ref_ce_row(const double *x, int V, int Vp, int target, double dloss, double *loss, double *lse,
@@ -1133,10 +1086,6 @@ static void ref_swiglu(double g, double u, double dout, double *out, double *dg,
 // CPU self-test: each reference backward against central differences of its
 // forward (loss = sum(out * R) for random R), on small problems. No GPU.
 // ============================================================================
-
-static uint64_t host_rng = 1;
-static double host_uniform() { return ((mix64(host_rng++) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-static double host_normal() { return sqrt(-2 * log(host_uniform())) * cos(6.283185307179586 * host_uniform()); }
 
 static int cpu_selftest(uint64_t seed) {
     host_rng = seed;
@@ -1283,62 +1232,6 @@ static void print_bytes(void) {
                    r.bytes / TB[1] * 1e3, r.bytes / TB[2] * 1e3);
         }
     }
-}
-
-// ============================================================================
-// Check helpers
-// ============================================================================
-
-// Per element |got - ref| <= rtol |ref| + atol max|ref|, all finite. Prints
-// "name rel <max|got - ref| / max|ref|>" and (FAIL) when it fails.
-static bool compare(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rtol,
-                    double atol) {
-    double mref = 0, merr = 0;
-    for (double r : ref) { mref = std::max(mref, fabs(r)); }
-    bool ok = got.size() == ref.size();
-    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
-        double e = fabs((double)got[i] - ref[i]);
-        if (!std::isfinite((double)got[i])) { e = INFINITY; }
-        merr = std::max(merr, e);
-        if (!(e <= rtol * fabs(ref[i]) + atol * mref)) { ok = false; }
-    }
-    double rel = mref > 0 ? merr / mref : merr;
-    printf(" %s %.1e%s", name, rel, ok ? "" : "(FAIL)");
-    return ok;
-}
-
-static std::vector<unsigned char> fetch_bytes(const void *d, size_t bytes) {
-    std::vector<unsigned char> h(bytes);
-    if (bytes) { cudaCheck(cudaMemcpy(h.data(), d, bytes, cudaMemcpyDeviceToHost)); }
-    return h;
-}
-static std::vector<float> bytes_bf16_to_f(const std::vector<unsigned char> &b) {
-    std::vector<float> f(b.size() / 2);
-    for (size_t i = 0; i < f.size(); i++) { uint16_t v; memcpy(&v, &b[2 * i], 2); f[i] = bf2f(v); }
-    return f;
-}
-static std::vector<float> bytes_f32(const std::vector<unsigned char> &b) {
-    std::vector<float> f(b.size() / 4);
-    if (!f.empty()) { memcpy(f.data(), b.data(), b.size()); }
-    return f;
-}
-static std::vector<double> fetch_bf16_d(const floatX *d, size_t n) {
-    std::vector<float> f = bytes_bf16_to_f(fetch_bytes(d, n * 2));
-    return std::vector<double>(f.begin(), f.end());
-}
-static std::vector<double> fetch_f32_d(const float *d, size_t n) {
-    std::vector<float> f = bytes_f32(fetch_bytes(d, n * 4));
-    return std::vector<double>(f.begin(), f.end());
-}
-static uint64_t fnv(const std::vector<unsigned char> &b, uint64_t hash = 1469598103934665603ull) {
-    for (unsigned char c : b) { hash = (hash ^ c) * 1099511628211ull; }
-    return hash;
-}
-
-template <typename T> static T *dalloc(size_t n) {
-    void *p = nullptr;
-    cudaCheck(cudaMalloc(&p, n * sizeof(T) + 16));   // cudaMalloc: 256-byte aligned
-    return (T *)p;
 }
 
 // ============================================================================
@@ -1561,44 +1454,6 @@ static bool check_sw(int ver, uint64_t seed) {
 // inputs between calls); 2 warm-ups, then the median of --reps repeats.
 // ============================================================================
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-// pre() runs before each repeat, outside the timed region
-template <typename Run, typename Pre>
-static float time_median(int reps, Run run, Pre pre, float *mn) {
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int it = 0; it < reps + 2; it++) {
-        pre();
-        cudaCheck(cudaEventRecord(e0));
-        run();
-        cudaCheck(cudaEventRecord(e1));
-        cudaCheck(cudaEventSynchronize(e1));
-        float ms;
-        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 2) { ts.push_back(ms); }
-    }
-    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
-    *mn = *std::min_element(ts.begin(), ts.end());
-    return median(ts);
-}
-static void no_pre(void) {}
-
-static double measure_copy_gbs(void) {   // device-to-device copy, bytes read + written
-    size_t bytes = (size_t)2 << 30;
-    void *a = nullptr, *b = nullptr;
-    cudaCheck(cudaMalloc(&a, bytes)); cudaCheck(cudaMalloc(&b, bytes));
-    cudaCheck(cudaMemset(a, 1, bytes));
-    float mn;
-    float ms = time_median(11, [&]() { cudaCheck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, no_pre, &mn);
-    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
-    return 2.0 * bytes / (ms * 1e-3) / 1e9;
-}
-
 static void print_time(const char *op, int ver, const char *what, float ms, float mn, double bytes, double copy_gbs,
                        double profile_ms) {
     double floor4 = bytes / 4.0e9, floorc = bytes / (copy_gbs * 1e6);   // ms: bytes / (B/s) * 1e3
@@ -1788,10 +1643,7 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB, %.0f GB; seed %llu\n", prop.name, prop.multiProcessorCount,
-           prop.l2CacheSize >> 20, prop.totalGlobalMem / 1e9, (unsigned long long)seed);
+    print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v = v0; v <= v1; v++) {
@@ -1801,10 +1653,7 @@ int main(int argc, char **argv) {
         }
     }
     if (do_bench) {
-        double gbs = measure_copy_gbs();
-        printf("device-to-device copy: %.0f GB/s (read + write); floors at 4.0 TB/s and at this copy rate\n", gbs);
-        printf("bench: CUDA events, median of %d repeats (2 warm-ups); GB = the op's minimum bytes (top of file)\n",
-               reps);
+        double gbs = bench_intro(reps);
         for (int v = v0; v <= v1; v++) {
             if (op_ce) { bench_ce(v, reps, seed, gbs); }
             if (op_qk) { bench_qk(v, M100, reps, seed, gbs); bench_qk(v, M1B, reps, seed, gbs); }

@@ -117,26 +117,7 @@ static void cuda_check(cudaError_t e, const char *file, int line) {
 #define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 static void die(const char *msg, int C) { fprintf(stderr, "error: "); fprintf(stderr, msg, C); fprintf(stderr, "\n"); exit(1); }
 
-static inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
-static void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
-
-__device__ __host__ inline float toF(float x) { return x; }
-__device__ __host__ inline float toF(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __host__ inline T fromF(float x);
-template <> __device__ __host__ inline float fromF<float>(float x) { return x; }
-template <> __device__ __host__ inline __nv_bfloat16 fromF<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-
-// Butterfly reduction: every lane ends with the same value, in a fixed order.
-__device__ inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffffu, v, o); }
-    return v;
-}
-
-#define RED_PARTS_MAX 512
-static int red_rows_per_part(size_t rows) {
-    size_t r = (rows + RED_PARTS_MAX - 1) / RED_PARTS_MAX;
-    return (int)(r < 64 ? 64 : r);
-}
+#include "lab_util.cuh"   // the labs' shared helpers: the trainer's small ones, inputs, checks, timing
 
 // ============================================================================
 // v1: the trainer's kernels before this lab (bodies unchanged)
@@ -459,30 +440,6 @@ static float *bwd_run(int ver, const BwdBufs &b) {
 // host for the reference.
 // ============================================================================
 
-__host__ __device__ inline uint64_t mix64(uint64_t z) {   // splitmix64's finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-__device__ inline float urand(uint64_t seed, uint64_t i) {   // [0, 1)
-    return (float)(mix64(seed ^ mix64(i)) >> 40) * (1.0f / 16777216.0f);
-}
-__device__ inline float nrand(uint64_t seed, uint64_t i) {   // mean 0, variance 1 (sum of 4 uniforms)
-    float s = 0.0f;
-    for (int k = 0; k < 4; k++) { s += urand(seed + 0x632be59bd9b4e019ull * (k + 1), i); }
-    return (s - 2.0f) * 1.7320508f;
-}
-template <typename T>
-__global__ void fill_normal_kernel(T *p, size_t n, uint64_t seed, float mean, float sd) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        p[i] = fromF<T>(mean + sd * nrand(seed, i));
-    }
-}
-template <typename T> static void fill_normal(T *p, size_t n, uint64_t seed, float mean, float sd) {
-    fill_normal_kernel<T><<<4096, 256>>>(p, n, seed, mean, sd);
-    launchCheck();
-}
 // rows of different scales (0.05 .. 3.05), so rstd varies 60x
 template <typename T>
 __global__ void fill_rows_kernel(T *p, size_t rows, int D, uint64_t seed) {
@@ -495,8 +452,6 @@ __global__ void fill_rows_kernel(T *p, size_t rows, int D, uint64_t seed) {
 // ============================================================================
 // CPU references, fp64 (train_mhar.c's definitions)
 // ============================================================================
-
-static float bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 
 // y = x + out, u = y / sqrt(mean(y^2) + 1e-6) * w, rstd; rows (N, C)
 static void ref_forward(const double *x, const double *out, const double *w, size_t N, int C, double *y, double *u,
@@ -527,10 +482,6 @@ static void ref_backward(const double *du, const double *x, const double *w, siz
 // CPU self-test: the reference backward against central differences of the
 // forward (loss = sum(u * R) for random R, through y = x + out), no GPU.
 // ============================================================================
-
-static uint64_t host_rng = 1;
-static double host_uniform() { return ((mix64(host_rng++) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-static double host_normal() { return sqrt(-2 * log(host_uniform())) * cos(6.283185307179586 * host_uniform()); }
 
 static int cpu_selftest(uint64_t seed) {
     host_rng = seed;
@@ -605,58 +556,6 @@ static void print_bytes(void) {
     }
     double f = CALLS100 * fwd_bytes(N100, C100), b = CALLS100 * bwd_bytes(N100, C100);
     printf("  floor: fwd %.2f GB = %.3f ms, bwd %.2f GB = %.3f ms per step\n", f / 1e9, f / 4e9, b / 1e9, b / 4e9);
-}
-
-// ============================================================================
-// Check helpers
-// ============================================================================
-
-static bool compare(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rtol,
-                    double atol) {
-    double mref = 0, merr = 0;
-    for (double r : ref) { mref = std::max(mref, fabs(r)); }
-    bool ok = got.size() == ref.size();
-    for (size_t i = 0; i < ref.size() && i < got.size(); i++) {
-        double e = fabs((double)got[i] - ref[i]);
-        if (!std::isfinite((double)got[i])) { e = INFINITY; }
-        merr = std::max(merr, e);
-        if (!(e <= rtol * fabs(ref[i]) + atol * mref)) { ok = false; }
-    }
-    double rel = mref > 0 ? merr / mref : merr;
-    printf(" %s %.1e%s", name, rel, ok ? "" : "(FAIL)");
-    return ok;
-}
-static std::vector<unsigned char> fetch_bytes(const void *d, size_t bytes) {
-    std::vector<unsigned char> h(bytes);
-    if (bytes) { cudaCheck(cudaMemcpy(h.data(), d, bytes, cudaMemcpyDeviceToHost)); }
-    return h;
-}
-static std::vector<float> bytes_bf16_to_f(const std::vector<unsigned char> &b) {
-    std::vector<float> f(b.size() / 2);
-    for (size_t i = 0; i < f.size(); i++) { uint16_t v; memcpy(&v, &b[2 * i], 2); f[i] = bf2f(v); }
-    return f;
-}
-static std::vector<float> bytes_f32(const std::vector<unsigned char> &b) {
-    std::vector<float> f(b.size() / 4);
-    if (!f.empty()) { memcpy(f.data(), b.data(), b.size()); }
-    return f;
-}
-static std::vector<double> fetch_bf16_d(const floatX *d, size_t n) {
-    std::vector<float> f = bytes_bf16_to_f(fetch_bytes(d, n * 2));
-    return std::vector<double>(f.begin(), f.end());
-}
-static std::vector<double> fetch_f32_d(const float *d, size_t n) {
-    std::vector<float> f = bytes_f32(fetch_bytes(d, n * 4));
-    return std::vector<double>(f.begin(), f.end());
-}
-static uint64_t fnv(const std::vector<unsigned char> &b, uint64_t hash = 1469598103934665603ull) {
-    for (unsigned char c : b) { hash = (hash ^ c) * 1099511628211ull; }
-    return hash;
-}
-template <typename T> static T *dalloc(size_t n) {
-    void *p = nullptr;
-    cudaCheck(cudaMalloc(&p, n * sizeof(T) + 16));   // cudaMalloc: 256-byte aligned
-    return (T *)p;
 }
 
 // ============================================================================
@@ -805,38 +704,6 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
 // between calls); 2 warm-ups, then the median of --reps repeats.
 // ============================================================================
 
-static float median(std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-template <typename Run>
-static float time_median(int reps, Run run, float *mn) {
-    cudaEvent_t e0, e1;
-    cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    for (int it = 0; it < reps + 2; it++) {
-        cudaCheck(cudaEventRecord(e0));
-        run();
-        cudaCheck(cudaEventRecord(e1));
-        cudaCheck(cudaEventSynchronize(e1));
-        float ms;
-        cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 2) { ts.push_back(ms); }
-    }
-    cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
-    *mn = *std::min_element(ts.begin(), ts.end());
-    return median(ts);
-}
-static double measure_copy_gbs(void) {   // device-to-device copy, bytes read + written
-    size_t bytes = (size_t)2 << 30;
-    void *a = nullptr, *b = nullptr;
-    cudaCheck(cudaMalloc(&a, bytes)); cudaCheck(cudaMalloc(&b, bytes));
-    cudaCheck(cudaMemset(a, 1, bytes));
-    float mn;
-    float ms = time_median(11, [&]() { cudaCheck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, &mn);
-    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b));
-    return 2.0 * bytes / (ms * 1e-3) / 1e9;
-}
 static void print_time(const char *op, int ver, const char *what, float ms, float mn, double bytes, double copy_gbs,
                        double profile_ms) {
     double floor4 = bytes / 4.0e9, floorc = bytes / (copy_gbs * 1e6);
@@ -938,10 +805,7 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     const int v0 = ver ? ver : 1, v1 = ver ? ver : 2;
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB, %.0f GB; seed %llu\n", prop.name, prop.multiProcessorCount,
-           prop.l2CacheSize >> 20, prop.totalGlobalMem / 1e9, (unsigned long long)seed);
+    print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v = v0; v <= v1; v++) {
@@ -950,10 +814,7 @@ int main(int argc, char **argv) {
         }
     }
     if (do_bench) {
-        double gbs = measure_copy_gbs();
-        printf("device-to-device copy: %.0f GB/s (read + write); floors at 4.0 TB/s and at this copy rate\n", gbs);
-        printf("bench: CUDA events, median of %d repeats (2 warm-ups); GB = the op's minimum bytes (top of file)\n",
-               reps);
+        double gbs = bench_intro(reps);
         for (int v = v0; v <= v1; v++) {
             if (op_fwd) { bench_op(true, v, reps, seed, gbs); }
             if (op_bwd) { bench_op(false, v, reps, seed, gbs); }

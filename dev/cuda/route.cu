@@ -55,6 +55,14 @@ Versions (NOTES_route.md has the byte counts and predictions):
       and S rows are prefetched into L1 (no registers).
   v6  v5 with the next reader's lse and S prefetched into registers instead
       (more registers: spills at C=512), for comparison.
+  v7  two slots per pass over G (prepared 2026-11-29, NOT YET RUN on a GPU):
+      the pass of slot hi also adds, for a partner slot lo < hi, the terms of
+      lo's readers j >= hi into an fp32 partial (N, C) (and their u.v sum);
+      lo's own pass later adds its readers j < hi and finishes. Each G_j row
+      (with lse_j, S_j) read by hi's pass serves both slots. Pairs: Prob::v7_*
+      (build_v7_plan, by bytes saved); the q/gamma pass is v5's. --check runs it
+      with every pair that shares a row (more pairs at small L), poisons its
+      scratch and repeats the backward (bit-identical required).
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -69,6 +77,9 @@ byte floor: the L1 prefetch of lse/S bought little), the 1.58 ms cast gone into
 the gather; block S=4: gather 3.93 -> 3.89, q/gamma 1.96 -> 1.21. Next ideas
 (NOTES_route.md): ncu on the gather, two slots per pass over G, the q/gamma
 pass fused into the gather, the two-phase forward on a second stream.
+v7 (two slots per pass) is written and checked on the CPU only (plan walk and
+float64 algebra in --cpu-selftest); NOTES_route.md has its bytes, prediction
+and the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

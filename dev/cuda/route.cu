@@ -55,6 +55,14 @@ Versions (NOTES_route.md has the byte counts and predictions):
       and S rows are prefetched into L1 (no registers).
   v6  v5 with the next reader's lse and S prefetched into registers instead
       (more registers: spills at C=512), for comparison.
+  v7  two slots per pass over G (prepared 2026-11-29, NOT YET RUN on a GPU):
+      the pass of slot hi also adds, for a partner slot lo < hi, the terms of
+      lo's readers j >= hi into an fp32 partial (N, C) (and their u.v sum);
+      lo's own pass later adds its readers j < hi and finishes. Each G_j row
+      (with lse_j, S_j) read by hi's pass serves both slots. Pairs: Prob::v7_*
+      (build_v7_plan, by bytes saved); the q/gamma pass is v5's. --check runs it
+      with every pair that shares a row (more pairs at small L), poisons its
+      scratch and repeats the backward (bit-identical required).
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -69,6 +77,9 @@ byte floor: the L1 prefetch of lse/S bought little), the 1.58 ms cast gone into
 the gather; block S=4: gather 3.93 -> 3.89, q/gamma 1.96 -> 1.21. Next ideas
 (NOTES_route.md): ncu on the gather, two slots per pass over G, the q/gamma
 pass fused into the gather, the two-phase forward on a second stream.
+v7 (two slots per pass) is written and checked on the CPU only (plan walk and
+float64 algebra in --cpu-selftest); NOTES_route.md has its bytes, prediction
+and the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -128,7 +139,65 @@ struct Prob {
     std::vector<int> pair_off;  // (J+1) offset of site j's pairs (for a)
     std::vector<int> nr;        // (J) readers per slot
     std::vector<int> rd;        // (J, J) row k: the sites reading slot k, increasing
+    // v7 plan (two slots per pass over G; build_v7_plan): the pass of slot k also
+    // adds, for its partner slot lo = v7_lo[k] < k, the terms of lo's readers j >= k
+    // into an fp32 partial; the later pass of lo (v7_hi[lo] = k) adds lo's readers
+    // j < k and finishes. v7_ul (J, J, 3) row k: the pass of slot k's entries
+    // (j, ia, ib), j increasing: ia = j's index among slot k's readers (-1: j does
+    // not read k), ib = its index among lo's readers (-1: none, or k has no lo).
+    std::vector<int> v7_lo, v7_hi, v7_nu, v7_ul;
+    int v7_pairs = 0, v7_rows = 0;   // pairs made; G rows read by all passes (v5: P)
 };
+
+// index of x in the nr-long row, -1 when absent
+static int find_in(const int *row, int nr, int x) {
+    for (int i = 0; i < nr; i++) { if (row[i] == x) { return i; } }
+    return -1;
+}
+
+// v7's pairs, bottom up: for the lowest slot lo above the last pair's hi, the
+// partner hi > lo that saves the most bytes, if any: rows shared (readers j >= hi
+// of lo that also read hi, read once instead of twice) x (G_j + lse_j + S_j)
+// against the partial's cost (v_lo and r_lo read again, the (N, C) fp32 partial
+// written and read, its u.v sum). Pairs never overlap, so one partial buffer and
+// one second dsr buffer suffice. min_gain: bytes per position a pair must save
+// (the self-test passes a negative one to pair whatever shares a row).
+static void build_v7_plan(Prob &p, double min_gain) {
+    const int J = p.J;
+    const double rowB = 2.0 * p.C + 8.0 * p.H, extra = 2.0 * p.C + 4 + 8.0 * p.C + 8;
+    p.v7_lo.assign(J, -1); p.v7_hi.assign(J, -1); p.v7_nu.assign(J, 0); p.v7_ul.assign((size_t)J * J * 3, -1);
+    p.v7_pairs = 0; p.v7_rows = 0;
+    int last_hi = -1;
+    for (int lo = 0; lo < J; lo++) {
+        if (lo <= last_hi) { continue; }
+        int best = -1;
+        double best_gain = min_gain;
+        for (int hi = lo + 1; hi < J; hi++) {
+            int shared = 0;
+            for (int i = 0; i < p.nr[lo]; i++) {
+                int j = p.rd[(size_t)lo * J + i];
+                if (j >= hi && find_in(&p.rd[(size_t)hi * J], p.nr[hi], j) >= 0) { shared++; }
+            }
+            double gain = shared * rowB - extra;
+            if (shared > 0 && gain > best_gain) { best = hi; best_gain = gain; }
+        }
+        if (best >= 0) { p.v7_lo[best] = lo; p.v7_hi[lo] = best; last_hi = best; p.v7_pairs++; }
+    }
+    for (int k = 0; k < J; k++) {
+        const int *rk = &p.rd[(size_t)k * J], lo = p.v7_lo[k], hi = p.v7_hi[k];
+        int *ul = &p.v7_ul[(size_t)k * J * 3], nu = 0;
+        for (int j = k; j < J; j++) {   // readers are >= the slot: j increasing
+            int ia = find_in(rk, p.nr[k], j);
+            if (ia >= 0 && hi >= 0 && j >= hi) { ia = -1; }   // k's partial (hi's pass) has it
+            int ib = lo >= 0 ? find_in(&p.rd[(size_t)lo * J], p.nr[lo], j) : -1;
+            if (ia < 0 && ib < 0) { continue; }
+            ul[3 * nu] = j; ul[3 * nu + 1] = ia; ul[3 * nu + 2] = ib;
+            nu++;
+        }
+        p.v7_nu[k] = nu;
+        p.v7_rows += nu;
+    }
+}
 
 // full_lists: build the full-mode lists 0..j by hand instead of site_sources
 // (the self-test compares the two for S = 1).
@@ -159,6 +228,7 @@ static Prob make_prob(int L, int S, int C, int H, int N, bool full_lists = false
     p.P = p.pair_off[p.J];
     p.nmax = 0;
     for (int j = 0; j < p.J; j++) { p.nmax = std::max(p.nmax, std::max(p.n[j], p.nr[j])); }
+    build_v7_plan(p, 0.0);
     return p;
 }
 
@@ -437,6 +507,177 @@ static void emu_errors(const Prob &P, const HostIn &in, const Ref &Rx, int ver, 
     }
 }
 
+// v7's plan, checked by walking the backward's schedule on the host: slots k =
+// J-1 .. 0, site k's G stored just before the pass of slot k, and slot k's
+// gradient due right after it (sublayer k-1's backward needs it). Every pass may
+// read only stored G rows, in increasing j; every (slot, reader) term and ds r
+// entry must land exactly once, at the reader's index in the slot's list, and
+// before the slot is due; the one partial buffer (and second dsr buffer) holds
+// one pair's at a time. why: the first failure.
+static bool v7_plan_ok(const Prob &P, const char **why) {
+    const int J = P.J;
+    std::vector<int> cnt((size_t)J * J, 0), dsrw((size_t)J * J, 0), stored(J, 0), done(J, 0);
+    int live = -1, rows = 0;   // live: the lo slot whose partial the buffer holds
+#define V7_FAIL(msg) do { *why = msg; return false; } while (0)
+    for (int k = J - 1; k >= 0; k--) {
+        stored[k] = 1;
+        const int lo = P.v7_lo[k], hi = P.v7_hi[k];
+        if (lo >= 0 && hi >= 0) { V7_FAIL("a slot is both the hi and the lo of pairs"); }
+        if (lo >= 0 && (lo >= k || P.v7_hi[lo] != k)) { V7_FAIL("pair lists disagree"); }
+        if (lo >= 0 && live != -1) { V7_FAIL("the partial buffer is still busy"); }
+        if (hi >= 0 && live != k) { V7_FAIL("a lo slot's partial is not in the buffer"); }
+        const int *ul = &P.v7_ul[(size_t)k * J * 3];
+        for (int u = 0; u < P.v7_nu[k]; u++) {
+            const int j = ul[3 * u], ia = ul[3 * u + 1], ib = ul[3 * u + 2];
+            if (j < 0 || j >= J || !stored[j]) { V7_FAIL("a pass reads a G not stored yet"); }
+            if (u > 0 && j <= ul[3 * u - 3]) { V7_FAIL("entries not in increasing j"); }
+            if (ia < 0 && ib < 0) { V7_FAIL("an entry serves neither slot"); }
+            if (ia >= 0) {
+                if (ia >= P.nr[k] || P.rd[(size_t)k * J + ia] != j) { V7_FAIL("ia is not j's index among k's readers"); }
+                cnt[(size_t)k * J + j]++; dsrw[(size_t)k * J + ia]++;
+            }
+            if (ib >= 0) {
+                if (lo < 0 || ib >= P.nr[lo] || P.rd[(size_t)lo * J + ib] != j) { V7_FAIL("ib is not j's index among lo's readers"); }
+                if (done[lo]) { V7_FAIL("a term lands after its slot was due"); }
+                cnt[(size_t)lo * J + j]++; dsrw[(size_t)lo * J + ib]++;
+            }
+            rows++;
+        }
+        if (lo >= 0) { live = lo; }
+        if (hi >= 0) { live = -1; }
+        done[k] = 1;
+        for (int i = 0; i < P.nr[k]; i++) {   // slot k is due: all its terms in, once
+            if (cnt[(size_t)k * J + P.rd[(size_t)k * J + i]] != 1 || dsrw[(size_t)k * J + i] != 1) {
+                V7_FAIL("a slot is due with a term missing or twice");
+            }
+        }
+    }
+    if (live != -1) { V7_FAIL("a partial is never finished"); }
+    if (rows != P.v7_rows) { V7_FAIL("v7_rows miscounted"); }
+    for (int k = 0; k < J; k++) {   // nothing outside the reader lists (ia, ib checked against them)
+        int n = 0;
+        for (int j = 0; j < J; j++) { n += cnt[(size_t)k * J + j]; }
+        if (n != P.nr[k]) { V7_FAIL("a slot got terms from a site that does not read it"); }
+    }
+#undef V7_FAIL
+    return true;
+}
+
+// The plan on every geometry (full mode and block S = 2..4, L = 2..12; the byte
+// rule and "pair whatever shares a row"); prints the 100M figures.
+static bool selftest_v7_plans(void) {
+    int n = 0, bad = 0;
+    for (int L = 2; L <= 12; L++) {
+        for (int S = 1; S <= 4; S++) {
+            for (int rule = 0; rule < 2; rule++) {
+                Prob P = make_prob(L, S, 512, 8, 1);
+                if (rule == 1) { build_v7_plan(P, -1e30); }
+                const char *why = "";
+                n++;
+                if (!v7_plan_ok(P, &why)) {
+                    bad++;
+                    printf("  v7 plan L=%d S=%d rule %d: FAIL (%s)\n", L, S, rule, why);
+                }
+            }
+        }
+    }
+    Prob P1 = make_prob(12, 1, 512, 8, 1), P4 = make_prob(12, 4, 512, 8, 1);
+    printf("  v7 plan (schedule walk, %d geometries: L=2..12, S=1..4, two pairing rules): %s; L=12 C=512 H=8: "
+           "full %d pairs, %d of %d G rows; S=4 %d pairs, %d of %d\n",
+           n, bad ? "FAIL" : "ok", P1.v7_pairs, P1.v7_rows, P1.P, P4.v7_pairs, P4.v7_rows, P4.P);
+    return bad == 0;
+}
+
+// v7's algebra in float64 on the host, pass by pass as the kernels run it (the
+// partial, its u.v sum in the finish's k3 term, ds r at the plan's indices, the
+// q/gamma sums from those), against the reference backward. pair_all: the
+// "pair whatever shares a row" rule (more pairs on small problems).
+static bool selftest_v7_numeric(int L, int S, int C, int H, int N, uint64_t seed, bool pair_all) {
+    Prob P = make_prob(L, S, C, H, N);
+    if (pair_all) { build_v7_plan(P, -1e30); }
+    HostIn in = make_inputs(P, seed);
+    std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
+    Ref R;
+    ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, R);
+    ref_backward(P, slots.data(), q.data(), gm.data(), g.data(), dU.data(), EMU_EXACT, R);
+    const int J = P.J, HC = C / H;
+    const size_t NN = N;
+    std::vector<double> G((size_t)J * NN * C), Sv((size_t)J * NN * H);   // the site kernels' G and S = G.h
+    for (int j = 0; j < J; j++) {
+        for (size_t t = 0; t < NN; t++) {
+            const double *hs = &R.hst[((size_t)j * NN + t) * C], *du = &dU[((size_t)j * NN + t) * C];
+            double rs = R.rstd[(size_t)j * NN + t], mm = 0;
+            for (int c = 0; c < C; c++) { mm += g[j * C + c] * du[c] * hs[c] * rs; }
+            mm /= C;
+            for (int c = 0; c < C; c++) {
+                double x = rs * (g[j * C + c] * du[c] - hs[c] * rs * mm);
+                G[((size_t)j * NN + t) * C + c] = x;
+                Sv[((size_t)j * NN + t) * H + c / HC] += x * hs[c];
+            }
+        }
+    }
+    std::vector<double> dsl((size_t)J * NN * C), part(NN * C), Tp(NN), qvacc((size_t)J * J * C, 0.0);
+    std::vector<std::vector<double>> dsr(J);
+    for (int k = 0; k < J; k++) { dsr[k].assign(NN * P.nr[k] * H, NAN); }
+    // one reader's terms for slot s at position t (gather7_term)
+    auto term = [&](int s, int j, size_t t, double *dv, double &T, double *dsrrow) {
+        const double *v = &slots[((size_t)s * NN + t) * C], *Gj = &G[((size_t)j * NN + t) * C];
+        const double r = R.r[(size_t)s * NN + t];
+        for (int hh = 0; hh < H; hh++) {
+            double p = 0, e = 0;
+            for (int c = hh * HC; c < (hh + 1) * HC; c++) { p += Gj[c] * v[c]; e += q[j * C + c] * gm[j * C + c] * v[c]; }
+            const double a = exp(r * e - R.lse[((size_t)j * NN + t) * H + hh]);
+            const double ds = a * (p - Sv[((size_t)j * NN + t) * H + hh]);
+            for (int c = hh * HC; c < (hh + 1) * HC; c++) { dv[c] += r * ds * q[j * C + c] * gm[j * C + c] + a * Gj[c]; }
+            T += ds * e;
+            dsrrow[hh] = ds * r;
+        }
+    };
+    std::vector<double> dva(C), dvb(C);
+    for (int k = J - 1; k >= 0; k--) {
+        const int lo = P.v7_lo[k], hi = P.v7_hi[k];
+        const int *ul = &P.v7_ul[(size_t)k * J * 3];
+        for (size_t t = 0; t < NN; t++) {
+            double Ta = 0, Tb = 0;
+            for (int c = 0; c < C; c++) { dva[c] = hi >= 0 ? part[t * C + c] : 0.0; dvb[c] = 0; }
+            for (int u = 0; u < P.v7_nu[k]; u++) {
+                const int j = ul[3 * u], ia = ul[3 * u + 1], ib = ul[3 * u + 2];
+                if (ia >= 0) { term(k, j, t, dva.data(), Ta, &dsr[k][(t * P.nr[k] + ia) * H]); }
+                if (ib >= 0) { term(lo, j, t, dvb.data(), Tb, &dsr[lo][(t * P.nr[lo] + ib) * H]); }
+            }
+            const double r = R.r[(size_t)k * NN + t], k3 = r * r * r / C * (Ta + (hi >= 0 ? Tp[t] : 0.0));
+            for (int c = 0; c < C; c++) { dsl[((size_t)k * NN + t) * C + c] = dva[c] - k3 * slots[((size_t)k * NN + t) * C + c]; }
+            if (lo >= 0) {
+                for (int c = 0; c < C; c++) { part[t * C + c] = dvb[c]; }
+                Tp[t] = Tb;
+            }
+        }
+        for (int i = 0; i < P.nr[k]; i++) {   // the q/gamma pass of slot k on its dsr
+            const int j = P.rd[(size_t)k * J + i];
+            for (size_t t = 0; t < NN; t++) {
+                for (int c = 0; c < C; c++) {
+                    qvacc[((size_t)k * J + j) * C + c] += dsr[k][(t * P.nr[k] + i) * H + c / HC] * slots[((size_t)k * NN + t) * C + c];
+                }
+            }
+        }
+    }
+    std::vector<double> dq((size_t)J * C), dgm((size_t)J * C);
+    for (int j = 0; j < J; j++) {
+        for (int c = 0; c < C; c++) {
+            double sum = 0;
+            for (int i = 0; i < P.n[j]; i++) { sum += qvacc[((size_t)P.src[(size_t)j * J + i] * J + j) * C + c]; }
+            dq[(size_t)j * C + c] = gm[j * C + c] * sum;
+            dgm[(size_t)j * C + c] = q[j * C + c] * sum;
+        }
+    }
+    double e1 = rel_err(dsl.data(), R.dslots.data(), dsl.size()), e2 = rel_err(dq.data(), R.dq.data(), dq.size()),
+           e3 = rel_err(dgm.data(), R.dgamma.data(), dgm.size());
+    bool ok = e1 < 1e-10 && e2 < 1e-10 && e3 < 1e-10;
+    printf("  v7 algebra L=%-2d S=%d C=%-3d H=%d N=%d (%d pairs, %d of %d G rows%s): dslots %.1e dq %.1e dgamma %.1e  %s\n",
+           L, S, C, H, N, P.v7_pairs, P.v7_rows, P.P, pair_all ? ", pair-all rule" : "", e1, e2, e3, ok ? "ok" : "FAIL");
+    return ok;
+}
+
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
     bool ok = true;
@@ -445,6 +686,12 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_fd(2, 2, 16, 4, 2, seed + 3);
     ok &= selftest_fd(3, 3, 16, 2, 2, seed + 4);
     ok &= selftest_s1(seed + 5);
+    ok &= selftest_v7_plans();
+    ok &= selftest_v7_numeric(12, 1, 512, 8, 2, seed + 7, false);
+    ok &= selftest_v7_numeric(12, 4, 512, 8, 2, seed + 8, false);
+    ok &= selftest_v7_numeric(5, 1, 32, 4, 3, seed + 9, true);
+    ok &= selftest_v7_numeric(6, 2, 32, 2, 3, seed + 10, true);
+    ok &= selftest_v7_numeric(6, 3, 16, 1, 3, seed + 11, true);
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -503,11 +750,13 @@ static Bytes count_bytes(const Prob &P, int ver) {
             b.bwd = N * J * (F + V + 4 + V + H * 4)    // site: dU, h, rstd -> G bf16, S
                     + 2 * J * nblk * F                 // dg partials
                     + N * J * (V + 4 + F)              // gather: v_k, r_k, write dslot_k
-                    + N * Pp * (V + 2 * H * 4)         // per reader: G_j, S_j, lse_j
+                    + N * (ver == 7 ? P.v7_rows : Pp) * (V + 2 * H * 4)   // per reader row: G_j, S_j, lse_j
                     + N * Pp * H * 4 * 2               // ds r scratch: write, read
                     + N * J * V                        // dq/dgamma pass re-reads v_k
                     + 2 * Pp * npart * F;              // its partials
             if (ver >= 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
+            if (ver == 7) { b.bwd += N * P.v7_pairs * (V + 4 + 2 * F + 8); }   // per pair: v_lo, r_lo again;
+                                                                               // the partial and its u.v, out and in
         }
     }
     return b;
@@ -1476,6 +1725,147 @@ __global__ void __launch_bounds__(1024) route_reduce45_kernel(float *qvacc, cons
 }
 
 // ----------------------------------------------------------------------------
+// v7: two slots per pass over G (NOTES_route.md, idea 2 of "Next steps").
+// Schedule: the gather of slot k runs right after site k stored G_k, when every
+// G_j, j >= k, exists; slot k's gradient is needed before sublayer k-1's
+// backward, and G_{k-1} only exists after it. So the pass of slot hi also adds,
+// for a lower partner slot lo (Prob::v7_lo, chosen by build_v7_plan), the terms
+// of lo's readers j >= hi into an fp32 partial (N, C) and their u.v sum Tpart
+// (N); the pass of lo later adds only its readers j < hi, the partial, and
+// finishes. A G_j row (with lse_j, S_j) read by the pass of hi then serves both
+// slots. Each reader's ds r goes into dsrA (slot A's, (N, nrA, H)) or dsrB (lo's,
+// (N, nrB, H)) at the reader's index in that slot's reader list, so the q/gamma
+// pass (v5's) runs unchanged on either. Summation order: per slot, its readers
+// in increasing j as before, but lo's readers j >= hi are summed first (in the
+// partial) and then j < hi: v7 differs from v5 by fp32 rounding only.
+//
+// One kernel for the three kinds of pass: TWO = false: a plain pass (v5's
+// gather, pin = NULL) or the finish of a lo slot (pin, Tin = its partial); TWO =
+// true: the pass of a hi slot (A = hi) that also accumulates lo (B). Entries
+// ul (nu, 3) = (j, ia, ib): ia, ib the reader's index for A, B, or -1.
+
+// The terms of reader j (G packed, row = j N + t) for one slot (v packed, r):
+// dv += r ds qg_j + a G, T += ds e at each head's first lane, dsr = ds r.
+template <int C, int H>
+__device__ __forceinline__ void gather7_term(float (&dv)[C / 256][8], float &T, float *dsr, const uint4 (&Gp)[C / 256],
+                                             const uint4 (&vp)[C / 256], float r, const float *__restrict__ qgj,
+                                             const float *__restrict__ lse_row, const float *__restrict__ S_row,
+                                             int lane) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    float p[NCH], e[NCH];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float G[8], vv[8], qv[8], pd = 0.0f, ed = 0.0f;
+        unpack8(Gp[ch], G);
+        unpack8(vp[ch], vv);
+        ld_f8(qgj + ch * 256 + lane * 8, qv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
+        p[ch] = pd; e[ch] = ed;
+    }
+    head_sum<C, H>(p);
+    head_sum<C, H>(e);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int hd = head_of<C, H>(ch, lane);
+        const float av = expf(r * e[ch] - __ldg(lse_row + hd));
+        const float ds = av * (p[ch] - __ldg(S_row + hd));
+        float G[8], qv[8];
+        unpack8(Gp[ch], G);
+        ld_f8(qgj + ch * 256 + lane * 8, qv);   // L1 hit
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
+        if (head_first<C, H>(ch, lane)) {
+            T += ds * e[ch];
+            dsr[hd] = ds * r;
+        }
+    }
+}
+
+template <int C, int H, bool TWO>
+__global__ void __launch_bounds__(256, C <= 512 ? (TWO ? 2 : 3) : 1)
+route_gather_v7_kernel(float *dslot, bf16 *dslotX, float *dsrA, const bf16 *__restrict__ vA, const float *__restrict__ rA,
+                       const float *__restrict__ pin, const float *__restrict__ Tin, float *pout, float *Tout,
+                       float *dsrB, const bf16 *__restrict__ vB, const float *__restrict__ rB,
+                       const bf16 *__restrict__ Gall, const float *__restrict__ Sall, const float *__restrict__ lseall,
+                       const int *__restrict__ ul, int nu, int nrA, int nrB, const float *__restrict__ qg, int N) {
+    constexpr int NCH = Geo<C, H>::NCH, NB = TWO ? NCH : 1;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    uint4 va[NCH], vb[NB], nxt[NCH];
+    float dva[NCH][8], dvb[NB][8];
+    const float ra = rA[t], rb = TWO ? rB[t] : 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        va[ch] = ld_raw(vA + (size_t)t * C + ch * 256 + lane * 8);
+        if (pin != nullptr) { ld_f8(pin + (size_t)t * C + ch * 256 + lane * 8, dva[ch]); }
+        else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dva[ch][k] = 0.0f; }
+        }
+    }
+    if constexpr (TWO) {
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            vb[ch] = ld_raw(vB + (size_t)t * C + ch * 256 + lane * 8);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dvb[ch][k] = 0.0f; }
+        }
+    }
+    float Ta = 0.0f, Tb = 0.0f;   // this lane's share of sum_j u_j . v for A, B
+    if (nu > 0) {
+        size_t row = (size_t)__ldg(ul) * N + t;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8); }
+        prefetch_row_l1(lseall + row * H, H, lane);
+        prefetch_row_l1(Sall + row * H, H, lane);
+    }
+    for (int u = 0; u < nu; u++) {
+        const int j = __ldg(ul + 3 * u), ia = __ldg(ul + 3 * u + 1), ib = __ldg(ul + 3 * u + 2);
+        const size_t row = (size_t)j * N + t;
+        uint4 Gp[NCH];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
+        if (u + 1 < nu) {   // the next entry's G into registers, its lse and S into L1
+            size_t rown = (size_t)__ldg(ul + 3 * u + 3) * N + t;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8); }
+            prefetch_row_l1(lseall + rown * H, H, lane);
+            prefetch_row_l1(Sall + rown * H, H, lane);
+        }
+        if (ia >= 0) {
+            gather7_term<C, H>(dva, Ta, dsrA + ((size_t)t * nrA + ia) * H, Gp, va, ra, qg + (size_t)j * C,
+                               lseall + row * H, Sall + row * H, lane);
+        }
+        if constexpr (TWO) {
+            if (ib >= 0) {
+                gather7_term<C, H>(dvb, Tb, dsrB + ((size_t)t * nrB + ib) * H, Gp, vb, rb, qg + (size_t)j * C,
+                                   lseall + row * H, Sall + row * H, lane);
+            }
+        }
+    }
+    // slot A: dv -= (r^3 / C) (sum_j u_j . v) v, the sum including the partial's
+    const float Tsum = warp_sum(Ta) + (Tin != nullptr ? Tin[t] : 0.0f);
+    const float k3 = ra * ra * ra / C * Tsum;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float vv[8];
+        unpack8(va[ch], vv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dva[ch][k] -= k3 * vv[k]; }
+        st_f8(dslot + (size_t)t * C + ch * 256 + lane * 8, dva[ch]);
+        st_bf8(dslotX + (size_t)t * C + ch * 256 + lane * 8, dva[ch]);
+    }
+    if constexpr (TWO) {   // slot B's partial: its k3 term waits for the finish
+        const float Tbs = warp_sum(Tb);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { st_f8(pout + (size_t)t * C + ch * 256 + lane * 8, dvb[ch]); }
+        if (lane == 0) { Tout[t] = Tbs; }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // Host side: buffers, the whole-model passes per version
 
 struct Dev {
@@ -1485,6 +1875,8 @@ struct Dev {
     float *Gf, *ds, *part_qv, *part_dg, *dsr, *gpart, *qvacc, *qg; bf16 *Gb; float *Sb;   // scratch
     bf16 *dslotX;                                         // (N, C) v5: bf16 copy of the slot gradient
     float *gpart45;                                       // (N/128, nmax, C) v4, v5: q/gamma partials
+    float *part7, *T7, *dsr7; int *ul7;                   // v7: lo's partial (N, C), its u.v sum (N), lo's dsr
+                                                          // (N, nmax, H), the passes' entries (J, J, 3)
     int *src, *nsrc, *rd;                                 // (J, J), (J), (J, J)
 };
 
@@ -1494,6 +1886,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*site3)(const Prob &, const Dev &, int j);
     void (*gather3)(const Prob &, const Dev &, int k);
     void (*gather45)(const Prob &, const Dev &, int k, int ver);
+    void (*gather7)(const Prob &, const Dev &, int k);
 };
 
 template <int C, int H> struct Impl {
@@ -1542,7 +1935,26 @@ template <int C, int H> struct Impl {
         }
         LAUNCH_CHECK();
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45}; }
+    // v7: the pass of slot k (a hi slot: TWO, also lo's partial; a lo slot: finishes from the partial)
+    static void gather7(const Prob &P, const Dev &d, int k) {
+        const size_t N = P.N;
+        const int lo = P.v7_lo[k], hi = P.v7_hi[k];
+        float *dsrA = hi >= 0 ? d.dsr7 : d.dsr;   // a lo slot's dsr lives in the second buffer
+        const int *ul = d.ul7 + (size_t)k * P.J * 3;
+        if (lo >= 0) {
+            route_gather_v7_kernel<C, H, true><<<cdiv(N, 8), 256>>>(
+                d.dslots + k * N * C, d.dslotX, dsrA, d.slots + k * N * C, d.r + k * N, nullptr, nullptr, d.part7, d.T7,
+                d.dsr7, d.slots + lo * N * C, d.r + lo * N, d.Gb, d.Sb, d.lse, ul, P.v7_nu[k], P.nr[k], P.nr[lo], d.qg,
+                P.N);
+        } else {
+            route_gather_v7_kernel<C, H, false><<<cdiv(N, 8), 256>>>(
+                d.dslots + k * N * C, d.dslotX, dsrA, d.slots + k * N * C, d.r + k * N, hi >= 0 ? d.part7 : nullptr,
+                hi >= 0 ? d.T7 : nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, d.Gb, d.Sb, d.lse, ul,
+                P.v7_nu[k], P.nr[k], 0, d.qg, P.N);
+        }
+        LAUNCH_CHECK();
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -1577,6 +1989,9 @@ static Dev dev_alloc(const Prob &P) {
     d.src = dalloc<int>(J * J); d.nsrc = dalloc<int>(J); d.rd = dalloc<int>(J * J);
     d.dslotX = dalloc<bf16>(N * C);
     d.gpart45 = dalloc<float>(cdiv(N, PART_ROWS45) * P.nmax * C);
+    d.part7 = dalloc<float>(N * C); d.T7 = dalloc<float>(N); d.dsr7 = dalloc<float>(N * P.nmax * H);
+    d.ul7 = dalloc<int>(J * J * 3);
+    CK(cudaMemcpy(d.ul7, P.v7_ul.data(), J * J * 3 * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.nsrc, P.n.data(), J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.rd, P.rd.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
@@ -1585,7 +2000,7 @@ static Dev dev_alloc(const Prob &P) {
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
                   d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
-                  d.dslotX, d.gpart45};
+                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -1653,7 +2068,13 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             LAUNCH_CHECK();
             const int k = j;
             const unsigned np = cdiv(N, PART_ROWS45);
-            ks.gather45(P, d, k, ver);
+            const float *dsr = d.dsr;
+            if (ver == 7) {
+                ks.gather7(P, d, k);
+                if (P.v7_hi[k] >= 0) { dsr = d.dsr7; }   // a lo slot: its readers' ds r are in the second buffer
+            } else {
+                ks.gather45(P, d, k, ver);
+            }
             if (ver >= 5) {
                 int tp;
                 size_t smem = param_v5_smem(P.nr[k], P.H, &tp);
@@ -1662,7 +2083,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
                     CK(cudaFuncSetAttribute(route_param_v5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                     smem_set = smem;
                 }
-                route_param_v5_kernel<<<dim3(cdiv(C, 512), np), 256, smem>>>(d.gpart45, d.dsr, d.slots + k * N * C,
+                route_param_v5_kernel<<<dim3(cdiv(C, 512), np), 256, smem>>>(d.gpart45, dsr, d.slots + k * N * C,
                                                                              P.nr[k], P.N, P.C, P.H, tp);
             } else {
                 route_param_v4_kernel<<<dim3(cdiv(C, 256), np), 256>>>(d.gpart45, d.dsr, d.slots + k * N * C, P.nr[k],
@@ -1712,6 +2133,9 @@ template <typename T> static std::vector<double> fetch(const T *dptr, size_t cou
 // units, sums over up to 2L+1 sources and C channels).
 static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t seed) {
     Prob P = make_prob(L, S, C, H, N);
+    // v7: pair every slot pair that shares a G row, not only those that save bytes (the byte rule
+    // makes no pair at L=2): every config then runs both kinds of pass. The bench uses the byte rule.
+    if (ver == 7) { build_v7_plan(P, -1e30); }
     KernelSet ks = kernel_set(C, H);
     HostIn in = make_inputs(P, seed);
     std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
@@ -1729,6 +2153,10 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     CK(cudaMemset(d.rstd, 0xFF, J * NN * 4)); CK(cudaMemset(d.lse, 0xFF, J * NN * H * 4));
     CK(cudaMemset(d.a, 0xFF, (size_t)P.P * NN * H * 4)); CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4));
     CK(cudaMemset(d.dq, 0xFF, J * C * 4)); CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
+    if (ver >= 7) {   // and v7's scratch: a read of a partial or ds r never written gives NaN
+        CK(cudaMemset(d.dsr, 0xFF, NN * P.nmax * H * 4)); CK(cudaMemset(d.dsr7, 0xFF, NN * P.nmax * H * 4));
+        CK(cudaMemset(d.part7, 0xFF, NN * C * 4)); CK(cudaMemset(d.T7, 0xFF, NN * 4));
+    }
     run_forward(ver, P, d, ks, true);
     CK(cudaDeviceSynchronize());
     run_backward(ver, P, d, ks);
@@ -1737,6 +2165,17 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
                                         fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                         fetch(d.dg, J * C)};
+    // v7: the backward again, from the same forward: the gradients must repeat bit for bit
+    bool same = true;
+    if (ver >= 7) {
+        run_backward(ver, P, d, ks);
+        CK(cudaDeviceSynchronize());
+        std::vector<double> again[4] = {fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
+                                        fetch(d.dg, J * C)};
+        for (int o = 0; o < 4; o++) { same = same && memcmp(again[o].data(), got[O_DSLOTS + o].data(), again[o].size() * 8) == 0; }
+        printf("v%d backward repeated: %s (plan: %d pairs, %d of %d G rows)\n", ver,
+               same ? "bit-identical" : "DIFFERENT (FAIL)", P.v7_pairs, P.v7_rows, P.P);
+    }
     // v5: the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
     double xerr = 0.0;
     if (ver >= 5) {
@@ -1747,7 +2186,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         }
     }
     dev_free(d);
-    bool ok = ver < 5 || xerr == 0.0;
+    bool ok = (ver < 5 || xerr == 0.0) && same;
     if (ver >= 5) { printf("v%d dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", ver, xerr, xerr == 0.0 ? "" : " (FAIL)"); }
     printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
     for (int o = 0; o < NUM_OUT; o++) {
@@ -1857,13 +2296,20 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 6; ver++) {
+    for (int ver = 1; ver <= 7; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
                ver, b.fwd / N, b.fwd / 1e9, b.fwd / 4.0e9, b.fwd / 4.3e9, b.fwd / 4.8e9, b.bwd / N, b.bwd / 1e9,
                b.bwd / 4.0e9, b.bwd / 4.3e9, b.bwd / 4.8e9);
     }
+    // the slot gather alone (what the trainer's profile calls "slot gather"): v5 against v7
+    const double Nd = N, V = 2.0 * C, F = 4.0 * C;
+    const double per_slot = Nd * P.J * (V + 4 + F + V), row = Nd * (V + 8.0 * H), dsr = Nd * P.P * 4.0 * H;
+    const double g5 = per_slot + P.P * row + dsr;
+    const double g7 = per_slot + P.v7_rows * row + dsr + P.v7_pairs * Nd * (V + 4 + 2 * F + 8);
+    printf("  slot gather: v5 %d G rows %.2f GB (%.2f ms at 4.2 TB/s); v7 %d pairs, %d G rows %.2f GB (%.2f ms)\n",
+           P.P, g5 / 1e9, g5 / 4.2e9, P.v7_pairs, P.v7_rows, g7 / 1e9, g7 / 4.2e9);
 }
 
 // ----------------------------------------------------------------------------
@@ -1896,8 +2342,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 6 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..6) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 7 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..7) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -1906,7 +2352,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 6 : std::max(ver, std::min(vmax, 6));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 7 : std::max(ver, std::min(vmax, 7));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

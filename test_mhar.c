@@ -465,6 +465,22 @@ static void check_trainer_binary(void) {
 // own float32 build differs from its float64 build by up to 1.8e-5 (attnres,
 // wte gradient), and the GPU fp32 build by up to 7.9e-5. In the moderate
 // regime the float32 CPU build is within 2.5e-6 of float64 in every mode.
+// The training runs of the GPU checks (also run by dev/loss_sensitivity.c):
+// each step draws a batch of random tokens with learnable targets (target =
+// f(token)), and the float64 reference takes one AdamW step on it.
+static void train_batch(int *in, int *tg, size_t N, int V, uint64_t *rng) {
+    random_tokens(in, N, V, rng);
+    for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % V; }
+}
+static void cpu_train_step(Model *c, const int *in, const int *tg, int B, int T, float lr, int step) {
+    model_zero_grad(c);
+    model_forward(c, in, tg, B, T, 0);
+    model_backward(c, (real)(1.0 / ((size_t)B * T)));
+    double norm = grad_norm(c);
+    float gscale = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
+    adamw_update(c, lr, 0.9f, 0.95f, 1e-8f, 0.1f, gscale, step + 1);
+}
+
 // The configs of the GPU checks (also used by dev/loss_sensitivity.c, which
 // includes this file with TEST_MHAR_NO_MAIN).
 static Config gpu_test_config(int mode, int H, int S) {
@@ -579,17 +595,11 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
     g = P->create(&cfg, pf, B, T);
     double terr = 0, lastc = 0, lastg = 0, firstc = 0;
     for (int step = 0; step < steps; step++) {
-        random_tokens(in, N, cfg.V, &rng);
-        for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % cfg.V; }   // learnable: target = f(token)
+        train_batch(in, tg, N, cfg.V, &rng);
         float lr = lr_at(step, steps, 3, 1e-2f, 0.1f);
         double gn = 0;
         lastg = P->train_step(g, in, tg, B, T, lr, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step + 1, &gn);
-        model_zero_grad(&c);
-        model_forward(&c, in, tg, B, T, 0);
-        model_backward(&c, (real)(1.0 / N));
-        double norm = grad_norm(&c);
-        float gscale = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
-        adamw_update(&c, lr, 0.9f, 0.95f, 1e-8f, 0.1f, gscale, step + 1);
+        cpu_train_step(&c, in, tg, B, T, lr, step);
         lastc = c.loss;
         if (step == 0) { firstc = lastc; }
         terr = fmax(terr, fabs(lastg - lastc) / fabs(lastc));

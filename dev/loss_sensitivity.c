@@ -27,14 +27,8 @@ static double train_steps(Config cfg, int steps, double d, uint64_t pseed, doubl
     random_tokens(tg, N, cfg.V, &rng);
     double worst = 0;
     for (int step = 0; step < steps; step++) {   // test_mhar's check_gpu_model loop, CPU side
-        random_tokens(in, N, cfg.V, &rng);
-        for (size_t i = 0; i < N; i++) { tg[i] = (in[i] * 5 + 3) % cfg.V; }
-        float lr = lr_at(step, steps, 3, 1e-2f, 0.1f);
-        model_zero_grad(&m);
-        model_forward(&m, in, tg, B, T, 0);
-        model_backward(&m, (real)(1.0 / N));
-        double norm = grad_norm(&m);
-        adamw_update(&m, lr, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1.0 ? (float)(1.0 / norm) : 1.0f, step + 1);
+        train_batch(in, tg, N, cfg.V, &rng);
+        cpu_train_step(&m, in, tg, B, T, lr_at(step, steps, 3, 1e-2f, 0.1f), step);
         if (d == 0) { base[step] = m.loss; }
         else { worst = fmax(worst, fabs(m.loss - base[step]) / fabs(base[step])); }
     }

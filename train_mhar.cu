@@ -1074,6 +1074,26 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
     }
 }
 
+// cp.async of 16 or 4 bytes global -> shared (asynchronous, completed by
+// commit + wait groups; used by the flash attention kernels and the routing
+// kernels' row ring). cp_async16_zfill copies 16 bytes when valid, else
+// writes 16 zero bytes (reading nothing).
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill(void *smem, const void *gmem, bool valid) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 #ifndef PRECISION_FP32
 // ----------------------------------------------------------------------------
 // Flash attention kernels (bf16 build), moved from the kernel lab
@@ -1109,20 +1129,8 @@ typedef __nv_bfloat16 bf16;
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// PTX wrappers: cp.async of 16 or 4 bytes global -> shared (asynchronous,
-// completed by commit + wait groups), ldmatrix of four 8x8 bf16 matrices
-// (plain or transposed), and the m16n8k16 tensor-core product.
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// PTX wrappers (cp.async: above, with the routing kernels' ring): ldmatrix of
+// four 8x8 bf16 matrices (plain or transposed), and the m16n8k16 tensor-core product.
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
@@ -1933,23 +1941,39 @@ RouteGeo route_geometry(int C, int H) {
     return RouteGeo();
 }
 
-// A compiled layout: VEC channels per lane in each of NCH chunks
-template <int VEC, int NCH> struct RouteLanes { static constexpr int vec = VEC, nch = NCH; };
+// A compiled layout: VEC channels per lane in each of NCH chunks, and SEG lanes
+// per routing head (0: read geo.seg at run time). A compile-time SEG turns the
+// head sums into unrolled butterflies and the head index of a lane into shifts:
+// the gather was bound by instruction issue (ncu: 0.74 issued warps per
+// scheduler at 26% of DRAM bandwidth) with SEG, HC and the head index computed
+// at run time inside its loop over readers.
+template <int VEC, int NCH, int SEG> struct RouteLanes { static constexpr int vec = VEC, nch = NCH, seg = SEG; };
 
-// Calls f(RouteLanes<VEC, NCH>()) for the layout of g: the compiled instances
-// of the fused kernels.
+// Calls f(RouteLanes<VEC, NCH, SEG>()) for the layout of g: the compiled
+// instances of the fused kernels (VEC = 8 with its SEG, VEC = 1 generic).
+template <int NCH, typename F> void route_dispatch_seg(const RouteGeo &g, F f) {
+    switch (g.seg) {
+    case 1: f(RouteLanes<8, NCH, 1>()); break;
+    case 2: f(RouteLanes<8, NCH, 2>()); break;
+    case 4: f(RouteLanes<8, NCH, 4>()); break;
+    case 8: f(RouteLanes<8, NCH, 8>()); break;
+    case 16: f(RouteLanes<8, NCH, 16>()); break;
+    case 32: f(RouteLanes<8, NCH, 32>()); break;
+    default: die("internal: no routing kernels for VEC=8 NCH=%d SEG=%d", NCH, g.seg);
+    }
+}
 template <typename F> void route_dispatch(const RouteGeo &g, F f) {
     switch (g.vec * 100 + g.nch) {
-    case 801: f(RouteLanes<8, 1>()); break;
-    case 802: f(RouteLanes<8, 2>()); break;
-    case 804: f(RouteLanes<8, 4>()); break;
-    case 808: f(RouteLanes<8, 8>()); break;
-    case 101: f(RouteLanes<1, 1>()); break;
-    case 102: f(RouteLanes<1, 2>()); break;
-    case 104: f(RouteLanes<1, 4>()); break;
-    case 108: f(RouteLanes<1, 8>()); break;
-    case 116: f(RouteLanes<1, 16>()); break;
-    case 132: f(RouteLanes<1, 32>()); break;
+    case 801: route_dispatch_seg<1>(g, f); break;
+    case 802: route_dispatch_seg<2>(g, f); break;
+    case 804: route_dispatch_seg<4>(g, f); break;
+    case 808: route_dispatch_seg<8>(g, f); break;
+    case 101: f(RouteLanes<1, 1, 0>()); break;
+    case 102: f(RouteLanes<1, 2, 0>()); break;
+    case 104: f(RouteLanes<1, 4, 0>()); break;
+    case 108: f(RouteLanes<1, 8, 0>()); break;
+    case 116: f(RouteLanes<1, 16, 0>()); break;
+    case 132: f(RouteLanes<1, 32, 0>()); break;
     default: die("internal: no routing kernels for VEC=%d NCH=%d", g.vec, g.nch);
     }
 }
@@ -1966,16 +1990,38 @@ template <int VEC> struct alignas(VEC * sizeof(floatX) < 16 ? VEC * sizeof(float
 template <int VEC> struct alignas(VEC * 4 < 16 ? VEC * 4 : 16) PackedF { float x[VEC]; };
 
 // this lane's VEC values at channel c0 of a row (zeros when c0 >= C)
+// (a 16-byte pack goes through an int4: zeroing it element by element cost ~30
+// byte-permute instructions per load in the fused kernels' loops)
 template <int VEC> __device__ __forceinline__ Packed<VEC> ld_lane(const floatX *row, int c0, int C) {
-    if (c0 < C) { return *reinterpret_cast<const Packed<VEC> *>(row + c0); }
     Packed<VEC> z;
+    if constexpr (sizeof(Packed<VEC>) == 16) {
+        int4 w = make_int4(0, 0, 0, 0);
+        if (c0 < C) { w = *reinterpret_cast<const int4 *>(row + c0); }
+        memcpy(&z, &w, 16);
+    } else if (c0 < C) {
+        z = *reinterpret_cast<const Packed<VEC> *>(row + c0);
+    } else {
 #pragma unroll
-    for (int k = 0; k < VEC; k++) { z.x[k] = fromF<floatX>(0.0f); }
+        for (int k = 0; k < VEC; k++) { z.x[k] = fromF<floatX>(0.0f); }
+    }
     return z;
 }
+// bf16 -> fp32 is exact: a bf16 is the top half of an fp32. Two per 32-bit word
+// with one shift or mask each (the generic conversion used two instructions for
+// the high half).
 template <int VEC> __device__ __forceinline__ void unpack(const Packed<VEC> &p, float (&x)[VEC]) {
+    if constexpr (sizeof(floatX) == 2 && VEC % 2 == 0) {
+        uint32_t w[VEC / 2];
+        memcpy(w, &p, sizeof(w));
 #pragma unroll
-    for (int k = 0; k < VEC; k++) { x[k] = toF(p.x[k]); }
+        for (int k = 0; k < VEC / 2; k++) {
+            x[2 * k] = __uint_as_float(w[k] << 16);
+            x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { x[k] = toF(p.x[k]); }
+    }
 }
 template <int VEC> __device__ __forceinline__ void st_lane(floatX *p, const float (&x)[VEC]) {
     Packed<VEC> v;
@@ -2017,15 +2063,61 @@ template <int VEC> __device__ __forceinline__ void st_f(float *p, const float (&
     *reinterpret_cast<PackedF<VEC> *>(p) = v;
 }
 
-// x[ch] (this lane's partial of its head's sum in chunk ch) -> the head's full
-// sum, in every lane: a butterfly over the head's seg lanes, then the sum over
-// the chunks of its group (in chunk order).
-template <int NCH> __device__ __forceinline__ void head_sum(float (&x)[NCH], const RouteGeo &geo) {
+// The row ring. The fused kernels stream rows (a site's sources in forward, the
+// G rows of a slot's readers in the gather), one warp per position. Loaded one
+// row ahead into registers, a warp has one row in flight while it computes on
+// the previous one, and ncu showed those kernels at 26-46% of DRAM bandwidth.
+// With a bf16 lane pack of 16 bytes (VEC = 8) they instead copy rows
+// ROUTE_RING - 1 ahead into shared memory with cp.async (no registers held).
+// Each lane reads back only the bytes it copied itself, so a lane's own wait
+// suffices for the rows; values copied by one lane for all (the forward's r of
+// a source) need a __syncwarp after the wait. Shared memory per block of 8
+// warps: packs [8][ROUTE_RING][NCH][32], then floats [8][ROUTE_RING].
+#define ROUTE_RING 4   // a power of two
+template <int VEC> __host__ __device__ constexpr bool route_ring() { return sizeof(Packed<VEC>) == 16; }
+template <int VEC, int NCH> __host__ __device__ constexpr size_t route_ring_smem() {
+    return route_ring<VEC>() ? 8 * ROUTE_RING * ((size_t)NCH * 32 * 16 + sizeof(float)) : 0;
+}
+// this warp's stages of packs and its floats
+template <int VEC, int NCH> __device__ __forceinline__ Packed<VEC> *ring_packs(unsigned char *smem) {
+    return reinterpret_cast<Packed<VEC> *>(smem) + (size_t)(threadIdx.x / 32) * ROUTE_RING * NCH * 32;
+}
+template <int VEC, int NCH> __device__ __forceinline__ float *ring_floats(unsigned char *smem) {
+    return reinterpret_cast<float *>(smem + (size_t)8 * ROUTE_RING * NCH * 32 * sizeof(Packed<VEC>)) +
+           (threadIdx.x / 32) * ROUTE_RING;
+}
+// cp.async of this lane's packs of a row into ring stage st (zeros past C);
+// the caller commits the group
+template <int VEC, int NCH>
+__device__ __forceinline__ void ring_fill(Packed<VEC> *ring, int st, const floatX *row, int lane, int C) {
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        for (int o = 1; o < geo.seg; o <<= 1) { x[ch] += __shfl_xor_sync(0xffffffffu, x[ch], o); }
+        const int c0 = ch * 32 * VEC + lane * VEC;
+        cp_async16_zfill(ring + (st * NCH + ch) * 32 + lane, row + (c0 < C ? c0 : 0), c0 < C);
     }
-    if (NCH > 1 && geo.cph > 1) {
+}
+// Raises a kernel's dynamic shared-memory limit once when smem needs more than the default 48 KB
+template <typename K> void route_smem_limit(K kernel, size_t smem, bool &done) {
+    if (!done && smem > 48 * 1024) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    done = true;
+}
+
+// x[ch] (this lane's partial of its head's sum in chunk ch) -> the head's full
+// sum, in every lane: a butterfly over the head's SEG lanes (geo.seg when SEG is
+// 0), then the sum over the chunks of its group (in chunk order).
+template <int NCH, int SEG> __device__ __forceinline__ void head_sum(float (&x)[NCH], const RouteGeo &geo) {
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        if (SEG > 0) {
+#pragma unroll
+            for (int o = 1; o < SEG; o <<= 1) { x[ch] += __shfl_xor_sync(0xffffffffu, x[ch], o); }
+        } else {
+            for (int o = 1; o < geo.seg; o <<= 1) { x[ch] += __shfl_xor_sync(0xffffffffu, x[ch], o); }
+        }
+    }
+    if (NCH > 1 && (SEG == 0 || SEG == 32) && geo.cph > 1) {   // heads of several chunks
         float y[NCH];
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2035,6 +2127,22 @@ template <int NCH> __device__ __forceinline__ void head_sum(float (&x)[NCH], con
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { x[ch] = y[ch]; }
+    }
+}
+
+// The routing head of each of this lane's chunks, and whether the lane is the
+// head's first (the one that stores per-head values); computed once per thread,
+// outside the loops (shifts when SEG < 32 is compiled in).
+template <int VEC, int NCH, int SEG>
+__device__ __forceinline__ void lane_heads(int (&hd)[NCH], bool (&first)[NCH], int lane, const RouteGeo &geo) {
+    constexpr int SG = SEG > 0 && SEG < 32 ? SEG : 1;   // (a divisor also where unused)
+    const int HC = geo.C / geo.H;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 32 * VEC + lane * VEC;
+        if (SEG > 0 && SEG < 32) { hd[ch] = ch * (32 / SG) + lane / SG; first[ch] = lane % SG == 0; }
+        else { hd[ch] = c0 / HC; first[ch] = c0 % HC == 0; }
+        first[ch] = first[ch] && c0 < geo.C;
     }
 }
 
@@ -2063,7 +2171,7 @@ void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n)
 // loaded before source i is used. Then h = acc / l, lse = m + log l, and the
 // site's RMSNorm: u = h * rstd * g, from h rounded to floatX as it is stored
 // (rstd from the fp32 h).
-template <int VEC, int NCH>
+template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
                      const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ qg,
@@ -2071,7 +2179,11 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     constexpr int W = 32 * VEC;
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
-    const int C = geo.C, H = geo.H, HC = C / H;
+    const int C = geo.C, H = geo.H;
+    constexpr bool RING = route_ring<VEC>();
+    extern __shared__ __align__(16) unsigned char route_smem[];
+    Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
+    float *ring_r = ring_floats<VEC, NCH>(route_smem);
     float qgl[NCH][VEC], acc[NCH][VEC], m[NCH], l[NCH];
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
@@ -2080,9 +2192,20 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
         for (int k = 0; k < VEC; k++) { acc[ch][k] = 0.0f; }
         m[ch] = -INFINITY; l[ch] = 0.0f;
     }
-    Packed<VEC> nxt[NCH];
-    float rn;
-    {
+    // RING: source i (and its r, copied by lane 0) into stage i % ROUTE_RING; one commit group per source
+    auto issue = [&](int i) {
+        if (i < n) {
+            const size_t row = (size_t)src[i] * N + t;
+            ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
+            if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
+        }
+        cp_async_commit();
+    };
+    Packed<VEC> nxt[NCH];   // (no ring: source i+1, loaded while source i is used)
+    float rn = 0.0f;
+    if constexpr (RING) {
+        for (int i = 0; i < ROUTE_RING - 1; i++) { issue(i); }
+    } else {
         size_t row = (size_t)src[0] * N + t;
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(slots + row * C, ch * W + lane * VEC, C); }
@@ -2090,15 +2213,25 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     }
     for (int i = 0; i < n; i++) {
         Packed<VEC> cur[NCH];   // source i, kept packed (unpacked on use: fewer registers)
-        float e[NCH];
-        const float ri = rn;
+        float e[NCH], ri;
+        if constexpr (RING) {
+            cp_async_wait<ROUTE_RING - 2>();   // source i's group is complete (later ones may not be)
+            __syncwarp();                      // and lane 0's copy of its r is visible to the warp
+            const int st = i & (ROUTE_RING - 1);
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { cur[ch] = nxt[ch]; }
-        if (i + 1 < n) {   // prefetch source i+1
-            size_t row = (size_t)src[i + 1] * N + t;
+            for (int ch = 0; ch < NCH; ch++) { cur[ch] = ring[(st * NCH + ch) * 32 + lane]; }
+            ri = ring_r[st];
+            issue(i + ROUTE_RING - 1);   // into the stage of source i-1, which every lane has read
+        } else {
+            ri = rn;
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(slots + row * C, ch * W + lane * VEC, C); }
-            rn = r[row];
+            for (int ch = 0; ch < NCH; ch++) { cur[ch] = nxt[ch]; }
+            if (i + 1 < n) {   // prefetch source i+1
+                size_t row = (size_t)src[i + 1] * N + t;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(slots + row * C, ch * W + lane * VEC, C); }
+                rn = r[row];
+            }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2108,7 +2241,7 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
             for (int k = 0; k < VEC; k++) { d += qgl[ch][k] * v[k]; }
             e[ch] = d;
         }
-        head_sum<NCH>(e, geo);
+        head_sum<NCH, SEG>(e, geo);
         // a = softmax_i s: rescale the running sum and mix to the new max (m = -inf at i = 0: sc = 0)
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -2131,6 +2264,9 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     }
     ss = warp_sum(ss);
     const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+    int hd[NCH];
+    bool first[NCH];
+    lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
@@ -2143,7 +2279,7 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
         for (int k = 0; k < VEC; k++) { hq[k] = toF(fromF<floatX>(acc[ch][k])); uu[k] = hq[k] * rs * gw[k]; }
         st_lane(hout + (size_t)t * C + c0, hq);
         st_lane(uout + (size_t)t * C + c0, uu);
-        if (c0 % HC == 0) { lse[(size_t)t * H + c0 / HC] = m[ch] + logf(l[ch]); }
+        if (first[ch]) { lse[(size_t)t * H + hd[ch]] = m[ch] + logf(l[ch]); }
     }
     if (lane == 0) { rstd[t] = rs; }
 }
@@ -2155,8 +2291,12 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
 void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r, const int *src,
                    int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
-        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
-        route_forward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(u, rstd, h, lse, slots, r, src, n, qg, g, (int)N, geo);
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
+        constexpr size_t smem = route_ring_smem<VEC, NCH>();
+        static bool limit_set = false;
+        route_smem_limit(route_forward_kernel<VEC, NCH, SEG>, smem, limit_set);
+        route_forward_kernel<VEC, NCH, SEG><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg, g,
+                                                                          (int)N, geo);
     });
     launchCheck();
 }
@@ -2185,7 +2325,7 @@ __device__ void block_sum_store(float (&acc)[NCH][VEC], float (*red)[32 * VEC], 
 // Backward of the site's RMSNorm (lab v3), for one position: u = h * rstd * g gives
 // G = dL/dh = rstd (g dU - xhat mean(g dU xhat)), xhat = h * rstd; adds dU * xhat to accg.
 // S[ch] = G[h] . h[h] over this lane's head: the S_h = sum_i a p of SPEC's site backward.
-template <int VEC, int NCH>
+template <int VEC, int NCH, int SEG>
 __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (&S)[NCH], float (&accg)[NCH][VEC],
                                                    const float *dU, const floatX *h, float rs,
                                                    const float (&gw)[NCH][VEC], int lane, const RouteGeo &geo) {
@@ -2222,21 +2362,24 @@ __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (
         }
         S[ch] = d / rs;   // G . h = G . xhat / rstd
     }
-    head_sum<NCH>(S, geo);
+    head_sum<NCH, SEG>(S, geo);
 }
 
 // Site j's norm backward (lab v3): G (N, C) floatX, S (N, H), and part_dg
 // (ceil(N/32), C): per-block sums of dU * xhat for the norm weight's gradient.
 // Block = 8 warps x 4 positions.
-template <int VEC, int NCH>
+template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const float *__restrict__ dU,
                            const floatX *__restrict__ hbuf, const float *__restrict__ rstd,
                            const floatX *__restrict__ g, int N, RouteGeo geo) {
     constexpr int W = 32 * VEC;
     __shared__ __align__(16) float red[8][W];
-    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, C = geo.C, H = geo.H, HC = C / H;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, C = geo.C, H = geo.H;
     float gw[NCH][VEC], accg[NCH][VEC];
+    int hd[NCH];
+    bool first[NCH];
+    lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         ld_param(gw[ch], g, ch * W + lane * VEC, C);
@@ -2247,13 +2390,13 @@ route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const floa
         const int t = blockIdx.x * ROUTE_POS_PER_BLOCK + pp * 8 + w;
         if (t >= N) { continue; }   // warp-uniform
         float G[NCH][VEC], S[NCH];
-        norm_backward_lane<VEC, NCH>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane, geo);
+        norm_backward_lane<VEC, NCH, SEG>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane, geo);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             const int c0 = ch * W + lane * VEC;
             if (c0 >= C) { continue; }
             st_lane(Gout + (size_t)t * C + c0, G[ch]);
-            if (c0 % HC == 0) { Sout[(size_t)t * H + c0 / HC] = S[ch]; }
+            if (first[ch]) { Sout[(size_t)t * H + hd[ch]] = S[ch]; }
         }
     }
     block_sum_store<VEC, NCH>(accg, red, part_dg + (size_t)blockIdx.x * C, C);
@@ -2299,24 +2442,17 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
                          const float *rstd, const floatX *g, size_t N, const RouteGeo &geo) {
     unsigned nblk = ceil_div(N, ROUTE_POS_PER_BLOCK);
     route_dispatch(geo, [&](auto lanes) {
-        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
-        route_site_backward_kernel<VEC, NCH><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
+        route_site_backward_kernel<VEC, NCH, SEG><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
     });
     launchCheck();
     // dg[c] += sum_t dU[t][c] xhat[t][c]: the per-block partials, in a fixed order
     route_reduce_parts(dg, part, NULL, (int)nblk, 1, geo.C, 1);
 }
 
-// Prefetch into L1 the n floats at a (a row of lse or of S): lane l takes the
-// l-th 128-byte line the row touches (no register held, unlike a load; only
-// addresses inside the row)
-__device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane) {
-    const uintptr_t first = (uintptr_t)a & ~(uintptr_t)127, last = (uintptr_t)(a + n - 1) & ~(uintptr_t)127;
-    if ((uintptr_t)lane <= ((last - first) >> 7)) {
-        const uintptr_t p = lane == 0 ? (uintptr_t)a : first + ((uintptr_t)lane << 7);
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-    }
-}
+// Prefetch into L1 the 128-byte line holding p (a hint: no register is held,
+// unlike a load)
+__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
 // one warp per position. SPEC section 4's site backward, summed over the sites:
@@ -2324,28 +2460,36 @@ __device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane)
 // with v = v_k, r = r_k, and per head p = G_j . v, e = qg_j . v,
 // a_j = exp(r e - lse_j), ds_j = a_j (p - S_j), u_j . v = sum_h ds_j e, all
 // recomputed here. When chain (slot k+1 = out_k + slot k), dslot holds
-// dslot_{k+1} on entry and the result adds it (in place); else dslot is only
-// written. dslotX (N, C), when not NULL, gets a floatX copy of the result (the
-// input of the matmul backwards of the sublayer that wrote slot k). Also writes
-// dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
+// dslot_{k+1} on entry and the result adds it (in place). The fp32 result is
+// stored only when keep32 (something reads it: the gather of slot k-1 when
+// slot k chains onto it, or the encoder for slot 0); dslotX (N, C), when not
+// NULL, gets a floatX copy (the input of the matmul backwards of the sublayer
+// that wrote slot k). Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
 // The next reader's G row is loaded into registers, and its lse and S rows into
-// L1 (prefetch: no registers), before this reader's are used; the lse and S
-// loads used to wait a full memory latency per reader.
-template <int VEC, int NCH>
+// L1 (prefetch: no registers), before this reader's are used. The loop over the
+// readers is bound by instruction issue (ncu), so it is kept lean: head indices
+// computed once, compile-time head sums, two FMAs per element of dv.
+template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
                            const float *__restrict__ rk, const floatX *__restrict__ Gall,
                            const float *__restrict__ Sall, const float *__restrict__ lseall,
-                           const int *__restrict__ readers, int nr, const float *__restrict__ qg, int chain, int N,
-                           RouteGeo geo) {
+                           const int *__restrict__ readers, int nr, const float *__restrict__ qg, int chain, int keep32,
+                           int N, RouteGeo geo) {
     constexpr int W = 32 * VEC;
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
-    const int C = geo.C, H = geo.H, HC = C / H;
+    const int C = geo.C, H = geo.H;
+    int hd[NCH];
+    bool first[NCH];
+    lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
     // v_k and the next reader's G, packed (unpacked on use). Lanes past C: G and
     // qg are zeros, so p = e = 0 there whatever v_k holds (ld_lane_clamped), and
     // they skip the rest.
+    constexpr bool RING = route_ring<VEC>();
+    extern __shared__ __align__(16) unsigned char route_smem[];
+    Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
     Packed<VEC> vk[NCH], nxt[NCH];
     float dv[NCH][VEC];
     const float r = rk[t];
@@ -2356,54 +2500,72 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
     }
     float uv = 0.0f;   // this lane's share of sum_j u_j . v
-    {
+    // RING: reader jj's G row into stage jj % ROUTE_RING (one commit group per reader), and its
+    // lse and S rows into L1 (prefetch: rows of H <= 32 floats are one line)
+    auto issue = [&](int jj) {
+        if (jj < nr) {
+            const size_t row = (size_t)readers[jj] * N + t;
+            ring_fill<VEC, NCH>(ring, jj & (ROUTE_RING - 1), Gall + row * C, lane, C);
+            if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + row * H); }
+        }
+        cp_async_commit();
+    };
+    if constexpr (RING) {
+        for (int jj = 0; jj < ROUTE_RING - 1; jj++) { issue(jj); }
+    } else {
         size_t row = (size_t)readers[0] * N + t;
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + row * C, ch * W + lane * VEC, C); }
-        prefetch_row_l1(lseall + row * H, H, lane);
-        prefetch_row_l1(Sall + row * H, H, lane);
+        if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + row * H); }
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = readers[jj];
         const size_t row = (size_t)j * N + t;
+        const float *qgj = qg + (size_t)j * C, *lsej = lseall + row * H, *Sj = Sall + row * H;
         Packed<VEC> Gp[NCH];
         float p[NCH], e[NCH];
+        if constexpr (RING) {
+            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
-        if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
-            size_t rown = (size_t)readers[jj + 1] * N + t;
+            for (int ch = 0; ch < NCH; ch++) { Gp[ch] = ring[((jj & (ROUTE_RING - 1)) * NCH + ch) * 32 + lane]; }
+            issue(jj + ROUTE_RING - 1);
+        } else {
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
-            prefetch_row_l1(lseall + rown * H, H, lane);
-            prefetch_row_l1(Sall + rown * H, H, lane);
+            for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
+            if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
+                size_t rown = (size_t)readers[jj + 1] * N + t;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+                if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + rown * H); }
+            }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             float G[VEC], vv[VEC], qv[VEC], pd = 0.0f, ed = 0.0f;
             unpack(Gp[ch], G);
             unpack(vk[ch], vv);
-            ld_f(qv, qg + (size_t)j * C, ch * W + lane * VEC, C);
+            ld_f(qv, qgj, ch * W + lane * VEC, C);
 #pragma unroll
             for (int k = 0; k < VEC; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
             p[ch] = pd; e[ch] = ed;
         }
-        head_sum<NCH>(p, geo);
-        head_sum<NCH>(e, geo);
+        head_sum<NCH, SEG>(p, geo);
+        head_sum<NCH, SEG>(e, geo);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            const int c0 = ch * W + lane * VEC, hd = c0 / HC;
+            const int c0 = ch * W + lane * VEC;
             if (c0 >= C) { continue; }
             // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
-            const float av = expf(r * e[ch] - lseall[row * H + hd]);
-            const float ds = av * (p[ch] - Sall[row * H + hd]);
+            const float av = expf(r * e[ch] - lsej[hd[ch]]);
+            const float ds = av * (p[ch] - Sj[hd[ch]]), rds = r * ds;
             float G[VEC], qv[VEC];
             unpack(Gp[ch], G);
-            ld_f(qv, qg + (size_t)j * C, c0, C);   // L1 hit: every warp reads the same qg_j
+            ld_f(qv, qgj, c0, C);   // L1 hit: every warp reads the same qg_j
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
-            if (c0 % HC == 0) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
+            for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[k], fmaf(rds, qv[k], dv[ch][k])); }
+            if (first[ch]) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+                dsr[((size_t)t * nr + jj) * H + hd[ch]] = rds;
             }
         }
     }
@@ -2423,7 +2585,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
 #pragma unroll
             for (int k = 0; k < VEC; k++) { dv[ch][k] += old[k]; }
         }
-        st_f(dslot + (size_t)t * C + c0, dv[ch]);
+        if (keep32) { st_f(dslot + (size_t)t * C + c0, dv[ch]); }
         if (dslotX) { st_lane(dslotX + (size_t)t * C + c0, dv[ch]); }
     }
 }
@@ -2594,18 +2756,23 @@ static void route_slot_param(float *part, const float *dsr, const floatX *v, int
 
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
-// (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
-// unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
+// when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
+// dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
 // positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
 // sites that read it and rd_pair their pair indices (device). dsr (N, nr, H) and
 // part (ceil(N/128) * nr * C) are scratch.
 void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
-                         const int *rd_pair, int nr, const float *qg, int chain, size_t N, const RouteGeo &geo) {
+                         const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N,
+                         const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
-        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch;
-        route_slot_backward_kernel<VEC, NCH><<<ceil_div(N, 8), 256>>>(dslot, dslotX, dsr, v, r, G, S, lse, readers,
-                                                                      nr, qg, chain, (int)N, geo);
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
+        constexpr size_t smem = route_ring_smem<VEC, NCH>();
+        static bool limit_set = false;
+        route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG>, smem, limit_set);
+        route_slot_backward_kernel<VEC, NCH, SEG><<<ceil_div(N, 8), 256, smem>>>(dslot, dslotX, dsr, v, r, G, S, lse,
+                                                                                 readers, nr, qg, chain, keep32,
+                                                                                 (int)N, geo);
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
@@ -3274,11 +3441,13 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, g->dln, a->h + j * N * C,
                         a->ln_rstd + j * N, w, N, m->route_geo);
     int chain = (size_t)j + 1 < J && slot_chains(c, j);
+    // the fp32 dslot j is read by the gather of slot j-1 when slot j chains onto it, and by the encoder
+    int keep32 = j == 0 || slot_chains(c, j - 1);
     prof("bwd route: slot gather");
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
     route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_part, SLOT(j),
                         a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
-                        m->slot_nr[j], a->route_qg, chain, N, m->route_geo);
+                        m->slot_nr[j], a->route_qg, chain, keep32, N, m->route_geo);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position

@@ -63,6 +63,13 @@ Versions (NOTES_route.md has the byte counts and predictions):
       (build_v7_plan, by bytes saved); the q/gamma pass is v5's. --check runs it
       with every pair that shares a row (more pairs at small L), poisons its
       scratch and repeats the backward (bit-identical required).
+  v8  the row ring (the trainer's since commit 19e9f72; written 2026-11-30, NOT
+      YET RUN on a GPU): v5 with the forward's sources and the gather's G rows
+      copied ROUTE_RING - 1 = 3 rows ahead into shared memory with cp.async
+      (one commit group per row) instead of one row ahead into registers; the
+      gather still prefetches each reader's lse and S into L1 when its row is
+      issued. Site kernel, q/gamma pass and reductions are v5's; same bytes as
+      v5, and --check requires v5's bf16 dslot copy equality.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -80,6 +87,9 @@ pass fused into the gather, the two-phase forward on a second stream.
 v7 (two slots per pass) is written and checked on the CPU only (plan walk and
 float64 algebra in --cpu-selftest); NOTES_route.md has its bytes, prediction
 and the device command.
+v8 (row ring): written and compiled (sm_90a, no spills at C=512 H=8), not yet
+run on a GPU; the trainer's version of it measured forward route 4.27 -> 3.22
+and slot gather 6.64 -> 5.98 ms a step (NOTES_route.md, "v8 (row ring)").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -1009,6 +1019,77 @@ __global__ void route_param_v1_kernel(float *part, const float *ds, const bf16 *
 }
 
 // ----------------------------------------------------------------------------
+// v8: the row ring (the trainer's route_forward_kernel and
+// route_slot_backward_kernel since commit 19e9f72). The fused forward and the
+// gather stream rows (a site's sources, the G rows of a slot's readers), one
+// warp per position; loaded one row ahead into registers, a warp has one row
+// in flight while it computes on the previous one. With the ring it copies rows
+// ROUTE_RING - 1 ahead into shared memory with cp.async instead (no registers
+// held): row i goes to stage i % ROUTE_RING, one commit group per row (empty
+// past the last row, so that the group count per iteration stays one). At row
+// i: wait until at most ROUTE_RING - 2 groups are pending (row i is in), read
+// it back, then issue row i + ROUTE_RING - 1 into the stage of row i - 1. Each
+// lane reads back only the 16-byte packs it copied itself, so its own wait
+// suffices; a value one lane copies for the warp (the forward's r of a source,
+// lane 0) needs a __syncwarp after the wait. C is a multiple of 256 here, so
+// no lane is past C (the trainer zero-fills those). Dynamic shared memory per
+// block of 8 warps: packs [8][ROUTE_RING][NCH][32] x 16 B, then floats
+// [8][ROUTE_RING]: 32.1 KB at C = 512, 64.1 KB at C = 1024 (limit raised).
+#define ROUTE_RING 4   // a power of two
+extern __shared__ __align__(16) unsigned char ring_smem_raw[];   // the ring kernels' dynamic shared memory
+
+template <int C> constexpr size_t ring_smem() {
+    return 8 * ROUTE_RING * ((size_t)(C / 256) * 32 * sizeof(uint4) + sizeof(float));
+}
+// this warp's stages of packs (ROUTE_RING, NCH, 32) and its floats (ROUTE_RING)
+template <int C> __device__ __forceinline__ uint4 *ring_packs() {
+    return reinterpret_cast<uint4 *>(ring_smem_raw) + (size_t)(threadIdx.x >> 5) * ROUTE_RING * (C / 256) * 32;
+}
+template <int C> __device__ __forceinline__ float *ring_floats() {
+    return reinterpret_cast<float *>(ring_smem_raw + (size_t)8 * ROUTE_RING * (C / 256) * 32 * sizeof(uint4)) +
+           (threadIdx.x >> 5) * ROUTE_RING;
+}
+// cp.async global -> shared of 16 bytes (.cg: not kept in L1) or 4 bytes
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async of this lane's packs of row (C bf16) into this warp's ring stage st; the caller commits
+template <int C> __device__ __forceinline__ void ring_fill(int st, const bf16 *row, int lane) {
+    constexpr int NCH = C / 256;
+    uint4 *ring = ring_packs<C>();
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) { cp_async16(ring + (st * NCH + ch) * 32 + lane, row + ch * 256 + lane * 8); }
+}
+// The forward's ring (v8): source i of the site (slot src[i], position t) into
+// stage i % ROUTE_RING, and its r (copied by lane 0); one commit group, empty when i >= n
+template <int C>
+__device__ __forceinline__ void fwd_ring_issue(int i, int n, const int *src, const bf16 *slots, const float *r, int N,
+                                               int t, int lane) {
+    if (i < n) {
+        const size_t row = (size_t)__ldg(src + i) * N + t;
+        ring_fill<C>(i & (ROUTE_RING - 1), slots + row * C, lane);
+        if (lane == 0) { cp_async4(ring_floats<C>() + (i & (ROUTE_RING - 1)), r + row); }
+    }
+    cp_async_commit();
+}
+// Raises kernel's dynamic shared-memory limit once, when smem is above the default 48 KB
+template <typename K> static void ring_smem_limit(K kernel, size_t smem, bool &done) {
+    if (!done && smem > 48 * 1024) {
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    done = true;
+}
+
+// ----------------------------------------------------------------------------
 // v2: fused forward (also v3's forward) and fused per-site backward
 
 // One site forward, fused: h (N, C) bf16, u = rmsnorm(h; g) (N, C) bf16,
@@ -1016,9 +1097,11 @@ __global__ void route_param_v1_kernel(float *part, const float *ds, const bf16 *
 // One warp per position, ONE pass over the n sources: per source, the score of
 // each head (butterfly over the head's lanes), then an online-softmax update
 // of the running max m, sum l and unnormalised mix acc (all fp32 registers);
-// the next source's 16-byte loads are issued before the current one is used.
+// the next source's 16-byte loads are issued before the current one is used
+// (RING, v8: sources ROUTE_RING - 1 ahead through the row ring, and their r;
+// dynamic shared memory ring_smem<C>()).
 // Epilogue: h = acc / l, lse = m + log l, the RMS over the full width, u.
-template <int C, int H>
+template <int C, int H, bool RING = false>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, float *a,
                                                             const bf16 *__restrict__ slots, const float *__restrict__ r,
                                                             const int *__restrict__ src, int n, const float *__restrict__ q,
@@ -1039,7 +1122,9 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf1
     }
     uint4 nxt[NCH];
     float rn;
-    {
+    if constexpr (RING) {   // sources 0 .. ROUTE_RING - 2 in flight
+        for (int i = 0; i < ROUTE_RING - 1; i++) { fwd_ring_issue<C>(i, n, src, slots, r, N, t, lane); }
+    } else {
         size_t row = (size_t)__ldg(src) * N + t;
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
@@ -1047,15 +1132,27 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf1
     }
     for (int i = 0; i < n; i++) {
         uint4 cur[NCH];   // source i, packed bf16 (unpacked on use: fewer registers)
-        float e[NCH];
-        const float ri = rn;
+        float e[NCH], ri;
+        if constexpr (RING) {
+            cp_async_wait<ROUTE_RING - 2>();   // source i's group is complete (later ones may not be)
+            __syncwarp();                      // and lane 0's copy of its r is visible to the warp
+            const int st = i & (ROUTE_RING - 1);
+            const uint4 *ring = ring_packs<C>();
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { cur[ch] = nxt[ch]; }
-        if (i + 1 < n) {   // prefetch source i+1
-            size_t row = (size_t)__ldg(src + i + 1) * N + t;
+            for (int ch = 0; ch < NCH; ch++) { cur[ch] = ring[(st * NCH + ch) * 32 + lane]; }
+            ri = ring_floats<C>()[st];
+            // into the stage of source i-1, which every lane has read
+            fwd_ring_issue<C>(i + ROUTE_RING - 1, n, src, slots, r, N, t, lane);
+        } else {
+            ri = rn;
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
-            rn = __ldg(r + row);
+            for (int ch = 0; ch < NCH; ch++) { cur[ch] = nxt[ch]; }
+            if (i + 1 < n) {   // prefetch source i+1
+                size_t row = (size_t)__ldg(src + i + 1) * N + t;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_raw(slots + row * C + ch * 256 + lane * 8); }
+                rn = __ldg(r + row);
+            }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -1441,17 +1538,35 @@ __device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane)
     }
 }
 
+// The gather's ring (v8): reader jj's G row (site readers[jj], position t) into
+// stage jj % ROUTE_RING, its lse and S rows into L1; one commit group, empty when jj >= nr
+template <int C>
+__device__ __forceinline__ void gather_ring_issue(int jj, int nr, const int *readers, const bf16 *Gall,
+                                                  const float *Sall, const float *lseall, int N, int H, int t, int lane) {
+    if (jj < nr) {
+        const size_t row = (size_t)__ldg(readers + jj) * N + t;
+        ring_fill<C>(jj & (ROUTE_RING - 1), Gall + row * C, lane);
+        prefetch_row_l1(lseall + row * H, H, lane);
+        prefetch_row_l1(Sall + row * H, H, lane);
+    }
+    cp_async_commit();
+}
+
 // Gather for slot k. PF = 0: v4 (v3's, with u.v summed at the head's first
 // lane). PF = 1: v5 (the trainer's on rbwd2): the next reader's lse and S rows
 // prefetched into L1 with its G; dslotX = bf16 copy of dslot. PF = 2: v6, as
 // v5 but lse and S prefetched into registers (more registers, spills).
-template <int C, int H, int PF>
+// RING (v8, with PF = 1): the G rows ROUTE_RING - 1 readers ahead through the
+// row ring, each reader's lse and S rows prefetched into L1 when its G row is
+// issued; dynamic shared memory ring_smem<C>().
+template <int C, int H, int PF, bool RING = false>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel(float *dslot, bf16 *dslotX, float *dsr,
                                                                 const bf16 *__restrict__ v, const float *__restrict__ rk,
                                                                 const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
                                                                 const float *__restrict__ lseall,
                                                                 const int *__restrict__ readers, int nr,
                                                                 const float *__restrict__ qg, int N) {
+    static_assert(!RING || PF == 1, "the ring is v5's gather (PF = 1) with the G rows through shared memory");
     constexpr int NCH = Geo<C, H>::NCH;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -1468,7 +1583,9 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
         for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
     }
     float T = 0.0f;   // this lane's share of sum_j u_j . v
-    {
+    if constexpr (RING) {   // readers 0 .. ROUTE_RING - 2 in flight
+        for (int jj = 0; jj < ROUTE_RING - 1; jj++) { gather_ring_issue<C>(jj, nr, readers, Gall, Sall, lseall, N, H, t, lane); }
+    } else {
         size_t row = (size_t)__ldg(readers) * N + t;
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -1485,19 +1602,28 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
         const size_t row = (size_t)j * N + t;
         uint4 Graw[NCH];
         float p[NCH], e[NCH], lse[NCH], S[NCH];
+        if constexpr (RING) {
+            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
+            const uint4 *ring = ring_packs<C>();
 #pragma unroll
-        for (int ch = 0; ch < NCH; ch++) { Graw[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
-        if (jj + 1 < nr) {
-            size_t rown = (size_t)__ldg(readers + jj + 1) * N + t;
+            for (int ch = 0; ch < NCH; ch++) { Graw[ch] = ring[((jj & (ROUTE_RING - 1)) * NCH + ch) * 32 + lane]; }
+            // into the stage of reader jj-1
+            gather_ring_issue<C>(jj + ROUTE_RING - 1, nr, readers, Gall, Sall, lseall, N, H, t, lane);
+        } else {
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) {
-                nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8);
-                if (PF == 2) {
-                    nlse[ch] = __ldg(lseall + rown * H + head_of<C, H>(ch, lane));
-                    nS[ch] = __ldg(Sall + rown * H + head_of<C, H>(ch, lane));
+            for (int ch = 0; ch < NCH; ch++) { Graw[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
+            if (jj + 1 < nr) {
+                size_t rown = (size_t)__ldg(readers + jj + 1) * N + t;
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) {
+                    nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8);
+                    if (PF == 2) {
+                        nlse[ch] = __ldg(lseall + rown * H + head_of<C, H>(ch, lane));
+                        nS[ch] = __ldg(Sall + rown * H + head_of<C, H>(ch, lane));
+                    }
                 }
+                if (PF == 1) { prefetch_row_l1(lseall + rown * H, H, lane); prefetch_row_l1(Sall + rown * H, H, lane); }
             }
-            if (PF == 1) { prefetch_row_l1(lseall + rown * H, H, lane); prefetch_row_l1(Sall + rown * H, H, lane); }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
@@ -1881,7 +2007,7 @@ struct Dev {
 };
 
 struct KernelSet {   // the templated kernels of one (C, H)
-    void (*fwd2)(const Prob &, const Dev &, int j, bool want_a);
+    void (*fwd2)(const Prob &, const Dev &, int j, bool want_a, bool ring);
     void (*bwd2)(const Prob &, const Dev &, int j);
     void (*site3)(const Prob &, const Dev &, int j);
     void (*gather3)(const Prob &, const Dev &, int k);
@@ -1890,11 +2016,22 @@ struct KernelSet {   // the templated kernels of one (C, H)
 };
 
 template <int C, int H> struct Impl {
-    static void fwd2(const Prob &P, const Dev &d, int j, bool want_a) {
+    // ring: v8's forward (sources through the row ring)
+    static void fwd2(const Prob &P, const Dev &d, int j, bool want_a, bool ring) {
         const size_t N = P.N;
-        route_fwd_v2_kernel<C, H><<<cdiv(N, 8), 256>>>(d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H,
-                                                       want_a ? d.a + (size_t)P.pair_off[j] * N * H : nullptr, d.slots, d.r,
-                                                       d.src + j * P.J, P.n[j], d.q + j * C, d.gm + j * C, d.g + j * C, P.N);
+        if (ring) {
+            constexpr size_t smem = ring_smem<C>();
+            static bool limit_set = false;
+            ring_smem_limit(route_fwd_v2_kernel<C, H, true>, smem, limit_set);
+            route_fwd_v2_kernel<C, H, true><<<cdiv(N, 8), 256, smem>>>(
+                d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H,
+                want_a ? d.a + (size_t)P.pair_off[j] * N * H : nullptr, d.slots, d.r, d.src + j * P.J, P.n[j],
+                d.q + j * C, d.gm + j * C, d.g + j * C, P.N);
+        } else {
+            route_fwd_v2_kernel<C, H><<<cdiv(N, 8), 256>>>(d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H,
+                                                           want_a ? d.a + (size_t)P.pair_off[j] * N * H : nullptr, d.slots, d.r,
+                                                           d.src + j * P.J, P.n[j], d.q + j * C, d.gm + j * C, d.g + j * C, P.N);
+        }
         LAUNCH_CHECK();
     }
     static void bwd2(const Prob &P, const Dev &d, int j) {
@@ -1920,7 +2057,14 @@ template <int C, int H> struct Impl {
     }
     static void gather45(const Prob &P, const Dev &d, int k, int ver) {
         const size_t N = P.N;
-        if (ver == 6) {
+        if (ver == 8) {
+            constexpr size_t smem = ring_smem<C>();
+            static bool limit_set = false;
+            ring_smem_limit(route_gather_v45_kernel<C, H, 1, true>, smem, limit_set);
+            route_gather_v45_kernel<C, H, 1, true><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                              d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb,
+                                                                              d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
+        } else if (ver == 6) {
             route_gather_v45_kernel<C, H, 2><<<cdiv(N, 8), 256>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
                                                                   d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                                                                   d.rd + k * P.J, P.nr[k], d.qg, P.N);
@@ -2025,7 +2169,7 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
         } else {
-            ks.fwd2(P, d, j, want_a);
+            ks.fwd2(P, d, j, want_a, ver == 8);
         }
     }
 }
@@ -2153,7 +2297,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     CK(cudaMemset(d.rstd, 0xFF, J * NN * 4)); CK(cudaMemset(d.lse, 0xFF, J * NN * H * 4));
     CK(cudaMemset(d.a, 0xFF, (size_t)P.P * NN * H * 4)); CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4));
     CK(cudaMemset(d.dq, 0xFF, J * C * 4)); CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
-    if (ver >= 7) {   // and v7's scratch: a read of a partial or ds r never written gives NaN
+    if (ver == 7) {   // and v7's scratch: a read of a partial or ds r never written gives NaN
         CK(cudaMemset(d.dsr, 0xFF, NN * P.nmax * H * 4)); CK(cudaMemset(d.dsr7, 0xFF, NN * P.nmax * H * 4));
         CK(cudaMemset(d.part7, 0xFF, NN * C * 4)); CK(cudaMemset(d.T7, 0xFF, NN * 4));
     }
@@ -2167,7 +2311,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.dg, J * C)};
     // v7: the backward again, from the same forward: the gradients must repeat bit for bit
     bool same = true;
-    if (ver >= 7) {
+    if (ver == 7) {
         run_backward(ver, P, d, ks);
         CK(cudaDeviceSynchronize());
         std::vector<double> again[4] = {fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
@@ -2176,7 +2320,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         printf("v%d backward repeated: %s (plan: %d pairs, %d of %d G rows)\n", ver,
                same ? "bit-identical" : "DIFFERENT (FAIL)", P.v7_pairs, P.v7_rows, P.P);
     }
-    // v5: the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
+    // v5 (v6, v8 too): the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
     double xerr = 0.0;
     if (ver >= 5) {
         std::vector<double> x = fetch(d.dslotX, NN * C);
@@ -2296,7 +2440,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 7; ver++) {
+    for (int ver = 1; ver <= 8; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -2342,8 +2486,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 7 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..7) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 8 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..8) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -2352,7 +2496,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 7 : std::max(ver, std::min(vmax, 7));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 8 : std::max(ver, std::min(vmax, 8));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

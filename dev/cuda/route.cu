@@ -63,7 +63,7 @@ Versions (NOTES_route.md has the byte counts and predictions):
       (build_v7_plan, by bytes saved); the q/gamma pass is v5's. --check runs it
       with every pair that shares a row (more pairs at small L), poisons its
       scratch and repeats the backward (bit-identical required).
-  v8  the row ring (the trainer's since commit 19e9f72; written 2026-11-30, NOT
+  v8  the row ring (the trainer's since commit 19e9f72; written 2026-11-29, NOT
       YET RUN on a GPU): v5 with the forward's sources and the gather's G rows
       copied ROUTE_RING - 1 = 3 rows ahead into shared memory with cp.async
       (one commit group per row) instead of one row ahead into registers; the

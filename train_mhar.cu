@@ -1887,7 +1887,8 @@ void residual_norm_forward(floatX *y, floatX *u, float *stat, const floatX *x, c
 // Head h owns channels [h*C/H, (h+1)*C/H). H = 1 is AttnRes.
 //
 // The fused kernels come from the lab dev/cuda/route.cu (its v2 forward and
-// v3 backward; NOTES_route.md has the byte counts):
+// v3 backward, with v5's and v8's changes; NOTES_route.md has the byte counts
+// and the measurements):
 // - route_forward, per site: ONE pass over the sources with an online softmax
 //   per head, and the RMSNorm that follows the site in the same kernel. It
 //   keeps h_j (for the norm backward) and lse_j (N, H), the log-sum-exp of each

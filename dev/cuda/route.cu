@@ -63,8 +63,8 @@ Versions (NOTES_route.md has the byte counts and predictions):
       (build_v7_plan, by bytes saved); the q/gamma pass is v5's. --check runs it
       with every pair that shares a row (more pairs at small L), poisons its
       scratch and repeats the backward (bit-identical required).
-  v8  the row ring (the trainer's since commit 19e9f72; written 2026-11-29, NOT
-      YET RUN on a GPU): v5 with the forward's sources and the gather's G rows
+  v8  the row ring (the trainer's since commit 19e9f72; checked and benchmarked
+      on the H200, session 4): v5 with the forward's sources and the gather's G rows
       copied ROUTE_RING - 1 = 3 rows ahead into shared memory with cp.async
       (one commit group per row) instead of one row ahead into registers; the
       gather still prefetches each reader's lse and S into L1 when its row is
@@ -87,9 +87,11 @@ pass fused into the gather, the two-phase forward on a second stream.
 v7 (two slots per pass) is written and checked on the CPU only (plan walk and
 float64 algebra in --cpu-selftest); NOTES_route.md has its bytes, prediction
 and the device command.
-v8 (row ring): written and compiled (sm_90a, no spills at C=512 H=8), not yet
-run on a GPU; the trainer's version of it measured forward route 4.27 -> 3.22
-and slot gather 6.64 -> 5.98 ms a step (NOTES_route.md, "v8 (row ring)").
+v8 (row ring, session 4): --check PASS (v5-v8, 8 configs each); --bench 100M
+full mode H=8, v5 -> v8: forward 3.915 -> 3.288 ms (1.22x -> 1.03x its floor),
+backward 9.656 -> 8.735 ms (2.00x -> 1.81x). The trainer's version measured
+forward route 4.27 -> 3.22 and slot gather 6.64 -> 5.98 ms a step
+(NOTES_route.md, "v8 (row ring)" and "Round 3").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

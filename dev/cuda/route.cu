@@ -1592,7 +1592,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8);
-                    if (PF == 2) {
+            if (PF == 2) {
                 nlse[ch] = __ldg(lseall + row * H + head_of<C, H>(ch, lane));
                 nS[ch] = __ldg(Sall + row * H + head_of<C, H>(ch, lane));
             }

@@ -2168,8 +2168,9 @@ void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n)
 
 // One site, fused (lab v2). Per position t (one warp): for each source i in
 // order, e = qg . v_i per head, s = r_i e, and an online-softmax update of the
-// running max m, sum l and unnormalised mix acc (fp32 registers); source i+1 is
-// loaded before source i is used. Then h = acc / l, lse = m + log l, and the
+// running max m, sum l and unnormalised mix acc (fp32 registers); the sources
+// come through the row ring (bf16), or one source ahead in registers. Then
+// h = acc / l, lse = m + log l, and the
 // site's RMSNorm: u = h * rstd * g, from h rounded to floatX as it is stored
 // (rstd from the fp32 h).
 template <int VEC, int NCH, int SEG>
@@ -2467,10 +2468,11 @@ __device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefe
 // NULL, gets a floatX copy (the input of the matmul backwards of the sublayer
 // that wrote slot k). Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
-// The next reader's G row is loaded into registers, and its lse and S rows into
-// L1 (prefetch: no registers), before this reader's are used. The loop over the
-// readers is bound by instruction issue (ncu), so it is kept lean: head indices
-// computed once, compile-time head sums, two FMAs per element of dv.
+// The readers' G rows come through the row ring (bf16), or one reader ahead in
+// registers; their lse and S rows are prefetched into L1 (no registers) at the
+// same time. The loop over the readers is bound by instruction issue (ncu), so
+// it is kept lean: head indices computed once, compile-time head sums, two FMAs
+// per element of dv.
 template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,

@@ -2170,9 +2170,8 @@ void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n)
 // order, e = qg . v_i per head, s = r_i e, and an online-softmax update of the
 // running max m, sum l and unnormalised mix acc (fp32 registers); the sources
 // come through the row ring (bf16), or one source ahead in registers. Then
-// h = acc / l, lse = m + log l, and the
-// site's RMSNorm: u = h * rstd * g, from h rounded to floatX as it is stored
-// (rstd from the fp32 h).
+// h = acc / l, lse = m + log l, and the site's RMSNorm: u = h * rstd * g, from
+// h rounded to floatX as it is stored (rstd from the fp32 h).
 template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,

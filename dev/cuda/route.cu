@@ -70,6 +70,13 @@ Versions (NOTES_route.md has the byte counts and predictions):
       gather still prefetches each reader's lse and S into L1 when its row is
       issued. Site kernel, q/gamma pass and reductions are v5's; same bytes as
       v5, and --check requires v5's bf16 dslot copy equality.
+  v9  v8 with a leaner gather (route_gather_v9_kernel, MINB = 2 blocks/SM): v_k
+      unpacked to fp32 once, each reader's G row and qg_j unpacked / loaded
+      once, the weight as exp2f of a log2-scaled argument, dv as two FMAs.
+      96 registers. v10: the same at 3 blocks/SM (80 registers, no spill at
+      C=512 H=8). Session 4 on the H200: both PASS; bwd v8 8.709, v9 8.964,
+      v10 8.750 ms: no gain here (the trainer's gather with the same changes,
+      branch gather-lean: 5.81 -> 5.44 ms in one profile).
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -91,7 +98,8 @@ v8 (row ring, session 4): --check PASS (v5-v8, 8 configs each); --bench 100M
 full mode H=8, v5 -> v8: forward 3.915 -> 3.288 ms (1.22x -> 1.03x its floor),
 backward 9.656 -> 8.735 ms (2.00x -> 1.81x). The trainer's version measured
 forward route 4.27 -> 3.22 and slot gather 6.64 -> 5.98 ms a step
-(NOTES_route.md, "v8 (row ring)" and "Round 3").
+(NOTES_route.md, "v8 (row ring)" and "Round 3"). v9, v10 (leaner gather):
+PASS, backward 8.964 and 8.750 ms against v8's 8.709: no gain.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -1668,6 +1676,84 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
     }
 }
 
+// Gather v9 (v10: the same at 3 blocks/SM): v8's ring gather with fewer
+// instructions per reader, since the trainer's ring gather is bound by
+// instruction issue (ncu: 0.72 issued warps per scheduler at 40% of DRAM):
+// v_k unpacked to fp32 once (not per reader), each reader's G row and qg_j
+// unpacked / loaded once (not twice), the weight through exp2f of a log2-scaled
+// argument (MUFU.EX2 and a multiply instead of expf's range reduction), and dv
+// as two FMAs. The extra live registers (v, G and qg in fp32) need more than
+// v8's 80: MINB = 2 blocks/SM (v9) allows 128; MINB = 3 (v10) keeps 24 warps
+// an SM at 80, with whatever that spills.
+template <int C, int H, int MINB>
+__global__ void __launch_bounds__(256, MINB) route_gather_v9_kernel(float *dslot, bf16 *dslotX, float *dsr,
+                                                                  const bf16 *__restrict__ v, const float *__restrict__ rk,
+                                                                  const bf16 *__restrict__ Gall,
+                                                                  const float *__restrict__ Sall,
+                                                                  const float *__restrict__ lseall,
+                                                                  const int *__restrict__ readers, int nr,
+                                                                  const float *__restrict__ qg, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    constexpr float LOG2E_F = 1.4426950408889634f;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    float vf[NCH][8], dv[NCH][8];
+    const float r = rk[t], rl = r * LOG2E_F;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        unpack8(ld_raw(v + (size_t)t * C + ch * 256 + lane * 8), vf[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    float T = 0.0f;   // this lane's share of sum_j u_j . v
+    for (int jj = 0; jj < ROUTE_RING - 1; jj++) { gather_ring_issue<C>(jj, nr, readers, Gall, Sall, lseall, N, H, t, lane); }
+    for (int jj = 0; jj < nr; jj++) {
+        const int j = __ldg(readers + jj);
+        const size_t row = (size_t)j * N + t;
+        float G[NCH][8], qv[NCH][8], p[NCH], e[NCH];
+        cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
+        {
+            const uint4 *ring = ring_packs<C>();
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { unpack8(ring[((jj & (ROUTE_RING - 1)) * NCH + ch) * 32 + lane], G[ch]); }
+        }
+        gather_ring_issue<C>(jj + ROUTE_RING - 1, nr, readers, Gall, Sall, lseall, N, H, t, lane);   // stage of jj-1
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float pd = 0.0f, ed = 0.0f;
+            ld_f8(qg + (size_t)j * C + ch * 256 + lane * 8, qv[ch]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { pd = fmaf(G[ch][k], vf[ch][k], pd); ed = fmaf(qv[ch][k], vf[ch][k], ed); }
+            p[ch] = pd; e[ch] = ed;
+        }
+        head_sum<C, H>(p);
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int hd = head_of<C, H>(ch, lane);
+            const float lse = __ldg(lseall + row * H + hd), S = __ldg(Sall + row * H + hd);
+            const float av = exp2f(fmaf(rl, e[ch], -lse * LOG2E_F));   // exp(r e - lse)
+            const float ds = av * (p[ch] - S), rds = r * ds;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dv[ch][k] = fmaf(av, G[ch][k], fmaf(rds, qv[ch][k], dv[ch][k])); }
+            if (head_first<C, H>(ch, lane)) {
+                T += ds * e[ch];
+                dsr[((size_t)t * nr + jj) * H + hd] = rds;
+            }
+        }
+    }
+    const float k3 = r * r * r / C * warp_sum(T);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vf[ch][k]; }
+        st_f8(dslot + (size_t)t * C + ch * 256 + lane * 8, dv[ch]);
+        st_bf8(dslotX + (size_t)t * C + ch * 256 + lane * 8, dv[ch]);
+    }
+}
+
+
 // q/gamma pass v4 (the trainer's before rbwd2): part (P, nr, C) = partition p's
 // sum over its PART_ROWS45 positions of dsr[t, jj, h(c)] * v_k[t][c]. Block =
 // 32 lanes of 8 channels x 8 position lanes; readers in groups of 8 held in
@@ -2059,7 +2145,21 @@ template <int C, int H> struct Impl {
     }
     static void gather45(const Prob &P, const Dev &d, int k, int ver) {
         const size_t N = P.N;
-        if (ver == 8) {
+        if (ver == 9 || ver == 10) {
+            constexpr size_t smem = ring_smem<C>();
+            static bool limit9 = false, limit10 = false;
+            if (ver == 9) {
+                ring_smem_limit(route_gather_v9_kernel<C, H, 2>, smem, limit9);
+                route_gather_v9_kernel<C, H, 2><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                           d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb,
+                                                                           d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
+            } else {
+                ring_smem_limit(route_gather_v9_kernel<C, H, C <= 512 ? 3 : 1>, smem, limit10);
+                route_gather_v9_kernel<C, H, C <= 512 ? 3 : 1><<<cdiv(N, 8), 256, smem>>>(
+                    d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                    d.rd + k * P.J, P.nr[k], d.qg, P.N);
+            }
+        } else if (ver == 8) {
             constexpr size_t smem = ring_smem<C>();
             static bool limit_set = false;
             ring_smem_limit(route_gather_v45_kernel<C, H, 1, true>, smem, limit_set);
@@ -2171,7 +2271,7 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
         } else {
-            ks.fwd2(P, d, j, want_a, ver == 8);
+            ks.fwd2(P, d, j, want_a, ver >= 8);
         }
     }
 }
@@ -2442,7 +2542,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 8; ver++) {
+    for (int ver = 1; ver <= 10; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -2488,8 +2588,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 8 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..8) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 10 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..10) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -2498,7 +2598,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 8 : std::max(ver, std::min(vmax, 8));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 10 : std::max(ver, std::min(vmax, 10));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -1562,6 +1562,23 @@ __device__ __forceinline__ void gather_ring_issue(int jj, int nr, const int *rea
     cp_async_commit();
 }
 
+// v4-v6's gather, no ring: reader row `row`'s G into registers (nxt), and its lse
+// and S into registers (PF = 2) or into L1 (PF = 1)
+template <int C, int H, int PF>
+__device__ __forceinline__ void gather_load_ahead(uint4 (&nxt)[C / 256], float (&nlse)[C / 256], float (&nS)[C / 256],
+                                                  size_t row, const bf16 *Gall, const float *Sall,
+                                                  const float *lseall, int lane) {
+#pragma unroll
+    for (int ch = 0; ch < C / 256; ch++) {
+        nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8);
+        if (PF == 2) {
+            nlse[ch] = __ldg(lseall + row * H + head_of<C, H>(ch, lane));
+            nS[ch] = __ldg(Sall + row * H + head_of<C, H>(ch, lane));
+        }
+    }
+    if (PF == 1) { prefetch_row_l1(lseall + row * H, H, lane); prefetch_row_l1(Sall + row * H, H, lane); }
+}
+
 // Gather for slot k. PF = 0: v4 (v3's, with u.v summed at the head's first
 // lane). PF = 1: v5 (the trainer's on rbwd2): the next reader's lse and S rows
 // prefetched into L1 with its G; dslotX = bf16 copy of dslot. PF = 2: v6, as
@@ -1596,16 +1613,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
     if constexpr (RING) {   // readers 0 .. ROUTE_RING - 2 in flight
         for (int jj = 0; jj < ROUTE_RING - 1; jj++) { gather_ring_issue<C>(jj, nr, readers, Gall, Sall, lseall, N, H, t, lane); }
     } else {
-        size_t row = (size_t)__ldg(readers) * N + t;
-#pragma unroll
-        for (int ch = 0; ch < NCH; ch++) {
-            nxt[ch] = ld_raw(Gall + row * C + ch * 256 + lane * 8);
-            if (PF == 2) {
-                nlse[ch] = __ldg(lseall + row * H + head_of<C, H>(ch, lane));
-                nS[ch] = __ldg(Sall + row * H + head_of<C, H>(ch, lane));
-            }
-        }
-        if (PF == 1) { prefetch_row_l1(lseall + row * H, H, lane); prefetch_row_l1(Sall + row * H, H, lane); }
+        gather_load_ahead<C, H, PF>(nxt, nlse, nS, (size_t)__ldg(readers) * N + t, Gall, Sall, lseall, lane);
     }
     for (int jj = 0; jj < nr; jj++) {
         const int j = __ldg(readers + jj);
@@ -1623,16 +1631,8 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) { Graw[ch] = nxt[ch]; lse[ch] = nlse[ch]; S[ch] = nS[ch]; }
             if (jj + 1 < nr) {
-                size_t rown = (size_t)__ldg(readers + jj + 1) * N + t;
-#pragma unroll
-                for (int ch = 0; ch < NCH; ch++) {
-                    nxt[ch] = ld_raw(Gall + rown * C + ch * 256 + lane * 8);
-                    if (PF == 2) {
-                        nlse[ch] = __ldg(lseall + rown * H + head_of<C, H>(ch, lane));
-                        nS[ch] = __ldg(Sall + rown * H + head_of<C, H>(ch, lane));
-                    }
-                }
-                if (PF == 1) { prefetch_row_l1(lseall + rown * H, H, lane); prefetch_row_l1(Sall + rown * H, H, lane); }
+                gather_load_ahead<C, H, PF>(nxt, nlse, nS, (size_t)__ldg(readers + jj + 1) * N + t, Gall, Sall, lseall,
+                                            lane);
             }
         }
 #pragma unroll

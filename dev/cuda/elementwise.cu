@@ -394,58 +394,8 @@ static void ce_backward(int ver, const CeBufs &b) {
 
 // ---- v1: train_mhar.cu at 3dc0648 (rmsnorm_forward_kernel, rmsnorm_backward_kernel,
 // rmsnorm_dw_partial_kernel, rope_forward_kernel, rope_backward_kernel; bodies
-// unchanged), called as its attention sublayer called them.
-
-__global__ void rmsnorm_forward_v1_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N,
-                                          int D) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    const floatX *x = inp + n * D;
-    float ss = 0.0f;
-    for (int i = lane; i < D; i += 32) { float xi = toF(x[i]); ss += xi * xi; }
-    ss = warp_sum(ss);
-    float s = 1.0f / sqrtf(ss / D + 1e-6f);
-    for (int i = lane; i < D; i += 32) { out[n * D + i] = fromF<floatX>(toF(x[i]) * s * toF(w[i])); }
-    if (lane == 0) { rstd[n] = s; }
-}
-
-template <typename Tout>
-__global__ void rmsnorm_backward_v1_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
-                                           const floatX *w, size_t N, int D) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    const floatX *x = inp + n * D;
-    const float *g = dout + n * D;
-    float s = rstd[n], gwx = 0.0f;
-    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
-    gwx = warp_sum(gwx);
-    for (int i = lane; i < D; i += 32) {
-        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
-        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
-    }
-}
-
-// partial (P, D): partition p's sum over its rows n of dout[n][i] * x[n][i] * rstd[n].
-// Block (32 channels) x (8 row lanes); the 8 lanes are summed in order.
-__global__ void rmsnorm_dw_partial_v1_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
-                                             size_t N, int D, int rows_per_part) {
-    __shared__ float acc[8][33];
-    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
-    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
-    float s = 0.0f;
-    if (i < D) {
-        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
-    }
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && i < D) {
-        float t = 0.0f;
-        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
-        partial[(size_t)p * D + i] = t;
-    }
-}
+// unchanged), called as its attention sublayer called them. The three RMSNorm
+// kernels are in lab_util.cuh (residual.cu's v1 uses them too).
 
 // cosv, sinv (T, HD/2): angle t * 10000^(-2i/HD) at position t. One thread per pair.
 __global__ void rope_forward_v1_kernel(floatX *out, const floatX *inp, const float *cosv, const float *sinv,
@@ -1278,14 +1228,7 @@ static bool check_ce_shape(int ver, size_t N, int V, int Vp, size_t stride, uint
             std::vector<unsigned char> d = fetch_bytes(logits + r * Vp, (size_t)Vp * 2);
             out[2].insert(out[2].end(), d.begin(), d.end());
         }
-        if (rep == 1) {
-            bool same = out[0] == first[0] && out[1] == first[1] && out[2] == first[2];
-            ok &= same;
-            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
-                   (unsigned long long)fnv(out[2], fnv(out[1], fnv(out[0]))));
-            break;
-        }
-        for (int o = 0; o < 3; o++) { first[o] = out[o]; }
+        if (repeat_done(rep, out, first, ok)) { break; }
         std::vector<float> fl = bytes_f32(out[0]), fe = bytes_f32(out[1]), gl(rows.size()), ge(rows.size());
         for (size_t k = 0; k < rows.size(); k++) { gl[k] = fl[rows[k]]; ge[k] = fe[rows[k]]; }
         std::vector<float> gd = bytes_bf16_to_f(out[2]);
@@ -1357,15 +1300,7 @@ static bool check_qk_shape(int ver, int B, int T, int nh, int HD, uint64_t seed)
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> out[4] = {fetch_bytes(b.out, nel * 2), fetch_bytes(b.rstd, rows * 4),
                                              fetch_bytes(b.dinp, nel * 2), fetch_bytes(b.dw, HD * 4)};
-        if (rep == 1) {
-            bool same = true;
-            for (int o = 0; o < 4; o++) { same &= out[o] == first[o]; }
-            ok &= same;
-            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
-                   (unsigned long long)fnv(out[3], fnv(out[2], fnv(out[1], fnv(out[0])))));
-            break;
-        }
-        for (int o = 0; o < 4; o++) { first[o] = out[o]; }
+        if (repeat_done(rep, out, first, ok)) { break; }
         printf("  qk v%d B=%-2d T=%-4d nh=%-2d HD=%-3d rows %-7zu", ver, B, T, nh, HD, rows);
         ok &= compare("out", bytes_bf16_to_f(out[0]), rout, 0x1p-7, ver == 1 ? 0x1p-7 : 1e-4);
         ok &= compare("rstd", bytes_f32(out[1]), rrstd, 1e-5, 0);
@@ -1419,14 +1354,7 @@ static bool check_sw_shape(int ver, size_t n, uint64_t seed) {
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> out[3] = {fetch_bytes(b.out, n * 2), fetch_bytes(b.dg, n * 2),
                                              fetch_bytes(b.du, n * 2)};
-        if (rep == 1) {
-            bool same = out[0] == first[0] && out[1] == first[1] && out[2] == first[2];
-            ok &= same;
-            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
-                   (unsigned long long)fnv(out[2], fnv(out[1], fnv(out[0]))));
-            break;
-        }
-        for (int o = 0; o < 3; o++) { first[o] = out[o]; }
+        if (repeat_done(rep, out, first, ok)) { break; }
         printf("  swiglu v%d n=%-9zu%s", ver, n, ver == 3 && n % PACK ? " (one element a thread)" : "");
         ok &= compare("out", bytes_bf16_to_f(out[0]), rout, 0x1p-7, 1e-5);
         ok &= compare("dg", bytes_bf16_to_f(out[1]), rdg, 0x1p-7, 1e-5);

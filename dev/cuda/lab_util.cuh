@@ -27,6 +27,60 @@ static int red_rows_per_part(size_t rows) {
     return (int)(r < 64 ? 64 : r);
 }
 
+// ---- the trainer's first RMSNorm kernels (train_mhar.cu at 3dc0648, bodies unchanged): v1 of
+// elementwise.cu's QK-norm and of residual.cu ----
+
+__global__ void rmsnorm_forward_v1_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N,
+                                          int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    float ss = 0.0f;
+    for (int i = lane; i < D; i += 32) { float xi = toF(x[i]); ss += xi * xi; }
+    ss = warp_sum(ss);
+    float s = 1.0f / sqrtf(ss / D + 1e-6f);
+    for (int i = lane; i < D; i += 32) { out[n * D + i] = fromF<floatX>(toF(x[i]) * s * toF(w[i])); }
+    if (lane == 0) { rstd[n] = s; }
+}
+
+template <typename Tout>
+__global__ void rmsnorm_backward_v1_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
+                                           const floatX *w, size_t N, int D) {
+    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (n >= N) { return; }
+    const floatX *x = inp + n * D;
+    const float *g = dout + n * D;
+    float s = rstd[n], gwx = 0.0f;
+    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
+    gwx = warp_sum(gwx);
+    for (int i = lane; i < D; i += 32) {
+        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
+        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
+    }
+}
+
+// partial (P, D): partition p's sum over its rows n of dout[n][i] * x[n][i] * rstd[n].
+// Block (32 channels) x (8 row lanes); the 8 lanes are summed in order.
+__global__ void rmsnorm_dw_partial_v1_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
+                                             size_t N, int D, int rows_per_part) {
+    __shared__ float acc[8][33];
+    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
+    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
+    float s = 0.0f;
+    if (i < D) {
+        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
+    }
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < D) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
+        partial[(size_t)p * D + i] = t;
+    }
+}
+
 // ---- inputs: made on the device from a counter-based hash ----
 
 // splitmix64's finaliser: a 64-bit hash, on host and device
@@ -120,6 +174,23 @@ static std::vector<double> fetch_f32_d(const float *d, size_t n) {
 static uint64_t fnv(const std::vector<unsigned char> &b, uint64_t hash = 1469598103934665603ull) {
     for (unsigned char c : b) { hash = (hash ^ c) * 1099511628211ull; }
     return hash;
+}
+// A check runs twice and its second run must match the first bit for bit. rep 0: keeps the K
+// outputs in first and returns false. rep 1: compares, prints "repeat bit-identical" (or
+// "DIFFERENT (FAIL)", clearing ok) with a hash of all K outputs, and returns true: the check is done.
+template <int K>
+static bool repeat_done(int rep, const std::vector<unsigned char> (&out)[K], std::vector<unsigned char> (&first)[K],
+                        bool &ok) {
+    if (rep == 0) {
+        for (int k = 0; k < K; k++) { first[k] = out[k]; }
+        return false;
+    }
+    bool same = true;
+    uint64_t hash = 1469598103934665603ull;
+    for (int k = 0; k < K; k++) { same &= out[k] == first[k]; hash = fnv(out[k], hash); }
+    ok &= same;
+    printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)", (unsigned long long)hash);
+    return true;
 }
 // cudaMalloc of n T plus 16 bytes of slack (256-byte aligned)
 template <typename T> static T *dalloc(size_t n) {

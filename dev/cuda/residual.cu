@@ -120,60 +120,13 @@ static void die(const char *msg, int C) { fprintf(stderr, "error: "); fprintf(st
 #include "lab_util.cuh"   // the labs' shared helpers: the trainer's small ones, inputs, checks, timing
 
 // ============================================================================
-// v1: the trainer's kernels before this lab (bodies unchanged)
+// v1: the trainer's kernels before this lab (bodies unchanged; its RMSNorm
+// kernels are in lab_util.cuh, shared with elementwise.cu)
 // ============================================================================
 
 __global__ void residual_forward_v1_kernel(floatX *out, const floatX *a, const floatX *b, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { out[i] = b ? fromF<floatX>(toF(a[i]) + toF(b[i])) : a[i]; }
-}
-
-__global__ void rmsnorm_forward_v1_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    const floatX *x = inp + n * D;
-    float ss = 0.0f;
-    for (int i = lane; i < D; i += 32) { float xi = toF(x[i]); ss += xi * xi; }
-    ss = warp_sum(ss);
-    float s = 1.0f / sqrtf(ss / D + 1e-6f);
-    for (int i = lane; i < D; i += 32) { out[n * D + i] = fromF<floatX>(toF(x[i]) * s * toF(w[i])); }
-    if (lane == 0) { rstd[n] = s; }
-}
-
-template <typename Tout>
-__global__ void rmsnorm_backward_v1_kernel(Tout *dinp, const float *dout, const floatX *inp, const float *rstd,
-                                           const floatX *w, size_t N, int D) {
-    size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (n >= N) { return; }
-    const floatX *x = inp + n * D;
-    const float *g = dout + n * D;
-    float s = rstd[n], gwx = 0.0f;
-    for (int i = lane; i < D; i += 32) { gwx += g[i] * toF(w[i]) * toF(x[i]); }
-    gwx = warp_sum(gwx);
-    for (int i = lane; i < D; i += 32) {
-        float d = s * g[i] * toF(w[i]) - s * s * s / D * gwx * toF(x[i]);
-        dinp[n * D + i] = fromF<Tout>(toF(dinp[n * D + i]) + d);
-    }
-}
-
-__global__ void rmsnorm_dw_partial_v1_kernel(float *partial, const float *dout, const floatX *inp, const float *rstd,
-                                             size_t N, int D, int rows_per_part) {
-    __shared__ float acc[8][33];
-    int i = blockIdx.x * 32 + threadIdx.x, p = blockIdx.y;
-    size_t n0 = (size_t)p * rows_per_part, n1 = n0 + rows_per_part < N ? n0 + rows_per_part : N;
-    float s = 0.0f;
-    if (i < D) {
-        for (size_t n = n0 + threadIdx.y; n < n1; n += 8) { s += dout[n * D + i] * toF(inp[n * D + i]) * rstd[n]; }
-    }
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && i < D) {
-        float t = 0.0f;
-        for (int y = 0; y < 8; y++) { t += acc[y][threadIdx.x]; }
-        partial[(size_t)p * D + i] = t;
-    }
 }
 
 __global__ void reduce_partials_v1_kernel(float *dw, const float *partial, int P, int D) {
@@ -585,14 +538,7 @@ static bool check_fwd_shape(int ver, size_t N, int C, uint64_t seed) {
         fwd_run(ver, b);
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> o[3] = {fetch_bytes(y, n * 2), fetch_bytes(u, n * 2), fetch_bytes(rstd, N * 4)};
-        if (rep == 1) {
-            bool same = o[0] == first[0] && o[1] == first[1] && o[2] == first[2];
-            ok &= same;
-            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
-                   (unsigned long long)fnv(o[2], fnv(o[1], fnv(o[0]))));
-            break;
-        }
-        for (int k = 0; k < 3; k++) { first[k] = o[k]; }
+        if (repeat_done(rep, o, first, ok)) { break; }
         printf("  fwd v%d N=%-6zu C=%-5d", ver, N, C);
         ok &= compare("y", bytes_bf16_to_f(o[0]), ry, 0x1p-8, 0);
         ok &= compare("u", bytes_bf16_to_f(o[1]), ru, 3 * 0x1p-8, 0);
@@ -662,14 +608,7 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
         float *res = bwd_run(ver, b);
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> o[3] = {fetch_bytes(res, n * 4), fetch_bytes(dcopy, n * 2), fetch_bytes(dw, C * 4)};
-        if (rep == 1) {
-            bool same = o[0] == first[0] && o[1] == first[1] && o[2] == first[2];
-            ok &= same;
-            printf("  repeat %s  hash %016llx\n", same ? "bit-identical" : "DIFFERENT (FAIL)",
-                   (unsigned long long)fnv(o[2], fnv(o[1], fnv(o[0]))));
-            break;
-        }
-        for (int k = 0; k < 3; k++) { first[k] = o[k]; }
+        if (repeat_done(rep, o, first, ok)) { break; }
         printf("  bwd v%d N=%-6zu C=%-5d", ver, N, C);
         ok &= compare("dres", bytes_f32(o[0]), rdx, 1e-5, 1e-5);
         ok &= compare("dcopy", bytes_bf16_to_f(o[1]), rdx, 0x1p-8, 1e-5);

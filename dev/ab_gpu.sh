@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A/B of two versions of train_mhar.cu on one GPU, side by side in one run: builds both
+# (bf16), then alternates A and B runs (ROUNDS rounds per mode) on the 100M model, B=16,
+# T=2048, random tokens, and prints the mean tokens/s of each and B/A per mode; with
+# PROFILE=1 also the routing lines of one MHAR_PROFILE=4 step of each. Alternating
+# rounds spread clock and thermal drift over both sides.
+#   usage: bash dev/ab_gpu.sh A.cu B.cu ["mode flags" ...]
+#          (default modes: "-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
+#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a
+# Example: git show main:train_mhar.cu > /tmp/a.cu && bash dev/ab_gpu.sh /tmp/a.cu train_mhar.cu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: bash dev/ab_gpu.sh A.cu B.cu [\"mode flags\" ...]" >&2; exit 2; }
+A=$1 B=$2; shift 2
+for f in "$A" "$B"; do [ -f "$f" ] || { echo "error: $f: no such file; give two versions of train_mhar.cu" >&2; exit 2; }; done
+modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
+ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-12} GPU_ARCH=${GPU_ARCH:-sm_90a}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublas -lcudart"   # -I.: common/
+t0=$(date +%s)
+nvcc $flags -o "$tmp/a" "$A" & pa=$!
+nvcc $flags -o "$tmp/b" "$B" & pb=$!
+wait $pa; wait $pb
+echo "ab_gpu: built A ($A) and B ($B) in $(( $(date +%s) - t0 )) s; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+mkdir -p data/bench
+[ -f data/bench/random_3m.bin ] || python3 dev/make_shard.py data/bench/random_3m.bin --tokens 3000000 --vocab 50257
+train() {   # binary, steps, mode flags...
+    local bin=$1 n=$2; shift 2
+    "$bin" -preset 100m -T 2048 -b 16 -warmup 1 -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n "$n" "$@"
+}
+tps() {     # mean tokens/s after the first 3 steps
+    awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {printf "%.0f", k ? s / k : 0}'
+}
+printf "\n%-22s %12s %12s %8s\n" "mode" "A tokens/s" "B tokens/s" "B/A"
+for m in "${modes[@]}"; do
+    sa=0 sb=0
+    for ((r = 0; r < ROUNDS; r++)); do
+        a=$(train "$tmp/a" "$STEPS" $m 2>&1 | tps); b=$(train "$tmp/b" "$STEPS" $m 2>&1 | tps)
+        sa=$((sa + a)) sb=$((sb + b))
+    done
+    awk -v m="$m" -v a="$sa" -v b="$sb" -v r="$ROUNDS" 'BEGIN {printf "%-22s %12.0f %12.0f %8.4f\n", m, a / r, b / r, b / a}'
+done
+if [ "${PROFILE:-1}" = 1 ]; then
+    for m in "${modes[@]}"; do
+        for s in a b; do
+            echo; echo "profile $s, $m:"
+            MHAR_PROFILE=4 train "$tmp/$s" 4 $m 2>&1 | sed -n '/^profile/,/^  total/p' | grep -E "route|recompute|residual|total"
+        done
+    done
+fi

@@ -2465,7 +2465,8 @@ __device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefe
 // stored only when keep32 (something reads it: the gather of slot k-1 when
 // slot k chains onto it, or the encoder for slot 0); dslotX (N, C), when not
 // NULL, gets a floatX copy (the input of the matmul backwards of the sublayer
-// that wrote slot k). Also writes dsr (N, nr, H) = ds_j r for the dq/dgamma pass.
+// that wrote slot k). Also writes dsr (N, H, nrp) = ds_j r for the dq/dgamma pass
+// (nrp = nr rounded up to 4; the padding readers nr .. nrp are not written).
 // Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
 // The readers' G rows come through the row ring (bf16), or one reader ahead in
 // registers; their lse and S rows are prefetched into L1 (no registers) at the
@@ -2567,7 +2568,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[k], fmaf(rds, qv[k], dv[ch][k])); }
             if (first[ch]) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * nr + jj) * H + hd[ch]] = rds;
+                dsr[((size_t)t * H + hd[ch]) * ((nr + 3) & ~3) + jj] = rds;   // (N, H, nrp)
             }
         }
     }
@@ -2592,31 +2593,22 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     }
 }
 
-// q = i / d, r = i % d for 0 <= i < 2^24 and d >= 1, through a float reciprocal
-// inv = 1.0f / d (one correction step), cheaper than an integer division
-__device__ __forceinline__ void fdivmod(int i, int d, float inv, int &q, int &r) {
-    q = __float2int_rz((float)i * inv);
-    r = i - q * d;
-    if (r >= d) { q++; r -= d; }
-    if (r < 0) { q--; r += d; }
-}
-
 // dq/dgamma pass of slot k (forward: s[h] = r_k (qg_j[h] . v_k[h]), so qg_j's
 // gradient takes ds r v_k): part (P, nr, C) = partition p's sum over its
-// ROUTE_PART_ROWS positions of dsr[t, jj, h(c)] * v_k[t][c], for every reading
+// ROUTE_PART_ROWS positions of dsr[t, h(c), jj] * v_k[t][c], for every reading
 // site jj. Block = 256 threads of CPT adjacent channels (all in one head), so
 // 256*CPT channels; grid (ceil(C / (256 CPT)), P). Each thread sums its own
 // channels over the partition's positions in position order (no reduction
 // inside the block), for up to ROUTE_PARAM_RG readers held in registers (more
-// readers: one more pass over the partition per group). The positions go in
-// tiles of tp: the tile's v (tp, 256 CPT) floatX and dsr (tp, nr, H) are first
-// copied into shared memory with coalesced loads, ROUTE_STAGE_U a thread in
-// flight (the old kernel had one 16-byte load per thread in flight and was
-// latency-bound),
-// then read from there: dsr as [t][h][nrp] (nrp = nr rounded up to 4, zero
-// padded), four readers per 16-byte broadcast read.
+// readers: one more pass over the partition per group).
+// The positions go in tiles of tp through two stages of shared memory: while
+// the block computes on one tile, cp.async copies the next one into the other
+// stage (the tile's v rows (tp, 256 CPT) floatX, and its dsr rows (tp, H, nrp),
+// one contiguous range as the gather stores them). A thread reads its channels
+// of v and four readers' ds r per 16-byte broadcast read. The padding readers
+// nr .. nrp of a row hold whatever the buffer held: their sums are computed and
+// never stored, and nothing else mixes with them.
 #define ROUTE_PARAM_RG 32
-#define ROUTE_STAGE_U 8   // loads in flight per thread while staging a tile
 template <int CPT>
 __global__ void __launch_bounds__(256, 2)
 route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N, int C,
@@ -2624,16 +2616,38 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int CB = 256 * CPT, VE = 16 / sizeof(floatX);   // channels per block; floatX per 16 bytes
     const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
-    const float invH = 1.0f / H, invnr = 1.0f / nr;
-    floatX *vs = reinterpret_cast<floatX *>(smem_raw);                      // (tp, CB)
-    float *ds = reinterpret_cast<float *>(smem_raw + (size_t)tp * CB * sizeof(floatX));   // (tp, H, nrp)
+    const size_t dsrow = (size_t)H * nrp;                       // floats of dsr per position
+    const size_t stage = (size_t)tp * (CB * sizeof(floatX) + dsrow * sizeof(float));   // bytes per stage
     const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
     const int t0 = p * ROUTE_PART_ROWS, t1 = min(t0 + ROUTE_PART_ROWS, N);
     const int ncb = min(CB, C - cb0);   // channels of this block
-    // the padding readers [nr, nrp) of every (t, h) row are zeros (never overwritten)
-    for (int q = threadIdx.x; q < tp * H; q += blockDim.x) {
-        for (int jj = nr; jj < nrp; jj++) { ds[(size_t)q * nrp + jj] = 0.0f; }
-    }
+    const bool async = ncb % VE == 0 && C % VE == 0;   // 16-byte copies line up
+    auto vs_of = [&](int s) { return reinterpret_cast<floatX *>(smem_raw + s * stage); };              // (tp, CB)
+    auto ds_of = [&](int s) { return reinterpret_cast<float *>(smem_raw + s * stage + (size_t)tp * CB * sizeof(floatX)); };
+    // tile ta .. ta+tn into stage s, one commit group (empty past the partition)
+    auto issue = [&](int s, int ta) {
+        if (ta < t1) {
+            const int tn = min(tp, t1 - ta);
+            floatX *vs = vs_of(s);
+            float *ds = ds_of(s);
+            if (async) {
+                const int nq = ncb / VE;   // 16-byte chunks per row
+                for (int q = threadIdx.x; q < tn * nq; q += blockDim.x) {
+                    const int t = q / nq, col = q - t * nq;
+                    cp_async16(vs + (size_t)t * CB + col * VE, v + (size_t)(ta + t) * C + cb0 + col * VE);
+                }
+                const float *src = dsr + (size_t)ta * dsrow;   // dsrow is a multiple of 4 floats
+                for (size_t i = threadIdx.x; i < tn * dsrow / 4; i += blockDim.x) { cp_async16(ds + 4 * i, src + 4 * i); }
+            } else {   // plain copies (this stage is not being read: the previous tile's barrier)
+                for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
+                    const int t = q / ncb, col = q - t * ncb;
+                    vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
+                }
+                for (size_t i = threadIdx.x; i < tn * dsrow; i += blockDim.x) { ds[i] = dsr[(size_t)ta * dsrow + i]; }
+            }
+        }
+        cp_async_commit();
+    };
     for (int j0 = 0; j0 < nr; j0 += ROUTE_PARAM_RG) {
         float acc[ROUTE_PARAM_RG][CPT];
 #pragma unroll
@@ -2641,64 +2655,20 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
 #pragma unroll
             for (int k = 0; k < CPT; k++) { acc[r][k] = 0.0f; }
         }
-        for (int ta = t0; ta < t1; ta += tp) {
+        __syncthreads();   // the previous reader group's last tile is read
+        issue(0, t0);
+        for (int ta = t0, s = 0; ta < t1; ta += tp, s ^= 1) {
+            issue(s ^ 1, ta + tp);   // the next tile, while this one is summed
+            cp_async_wait<1>();
+            __syncthreads();         // tile ta is in stage s, from every thread's copies
             const int tn = min(tp, t1 - ta);
-            __syncthreads();   // the previous tile's reads are done
-            // v rows ta .. ta+tn, channels cb0 .. cb0+ncb -> vs; ROUTE_STAGE_U loads a thread are
-            // issued before their stores (a load-store loop would wait a memory latency per load)
-            if (ncb % VE == 0 && C % VE == 0) {
-                const int nq = ncb / VE, nv = tn * nq;
-                const float invnq = 1.0f / nq;
-                for (int q0 = threadIdx.x; q0 < nv; q0 += ROUTE_STAGE_U * blockDim.x) {
-                    int4 buf[ROUTE_STAGE_U];
-#pragma unroll
-                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
-                        const int q = q0 + u * blockDim.x;
-                        int t, col;
-                        fdivmod(q, nq, invnq, t, col);
-                        if (q < nv) { buf[u] = *reinterpret_cast<const int4 *>(v + (size_t)(ta + t) * C + cb0 + col * VE); }
-                    }
-#pragma unroll
-                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
-                        const int q = q0 + u * blockDim.x;
-                        int t, col;
-                        fdivmod(q, nq, invnq, t, col);
-                        if (q < nv) { *reinterpret_cast<int4 *>(vs + (size_t)t * CB + col * VE) = buf[u]; }
-                    }
-                }
-            } else {
-                for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
-                    const int t = q / ncb, col = q - t * ncb;
-                    vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
-                }
-            }
-            // dsr rows ta .. ta+tn (tn, nr, H), contiguous: element i = (t nr + jj) H + hd -> ds[t][hd][jj]
-            {
-                const float *src = dsr + (size_t)ta * nr * H;
-                const int n = tn * nr * H;
-                for (int i0 = threadIdx.x; i0 < n; i0 += ROUTE_STAGE_U * blockDim.x) {
-                    float buf[ROUTE_STAGE_U];
-#pragma unroll
-                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
-                        const int i = i0 + u * blockDim.x;
-                        if (i < n) { buf[u] = src[i]; }
-                    }
-#pragma unroll
-                    for (int u = 0; u < ROUTE_STAGE_U; u++) {
-                        const int i = i0 + u * blockDim.x;
-                        int row, hd2, t, jj;
-                        fdivmod(i, H, invH, row, hd2);
-                        fdivmod(row, nr, invnr, t, jj);
-                        if (i < n) { ds[((size_t)t * H + hd2) * nrp + jj] = buf[u]; }
-                    }
-                }
-            }
-            __syncthreads();
             if (c < C) {
+                const floatX *vs = vs_of(s);
+                const float *ds = ds_of(s) + (size_t)hd * nrp + j0;
                 for (int t = 0; t < tn; t++) {
                     float vv[CPT];
                     unpack(*reinterpret_cast<const Packed<CPT> *>(vs + (size_t)t * CB + cl), vv);
-                    const float *d = ds + ((size_t)t * H + hd) * nrp + j0;
+                    const float *d = ds + t * dsrow;
 #pragma unroll
                     for (int r4 = 0; r4 < ROUTE_PARAM_RG / 4; r4++) {
                         if (j0 + 4 * r4 < nr) {   // block-uniform
@@ -2714,6 +2684,7 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
                     }
                 }
             }
+            __syncthreads();   // stage s is read: the next iteration refills it
         }
         if (c < C) {
 #pragma unroll
@@ -2727,14 +2698,14 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
     }
 }
 
-// Positions per tile of route_slot_param_kernel<CPT>, and its shared memory:
-// the largest power of two up to 32 whose tile fits in 96 KB (so that two
-// blocks share an SM)
+// Positions per tile of route_slot_param_kernel<CPT>, and its shared memory
+// (two stages): the largest power of two up to 32 whose two stages fit in 96 KB
+// (so that two blocks share an SM)
 static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
     const size_t row = 256 * (size_t)CPT * sizeof(floatX) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
     int tp = 32;
-    while (tp > 1 && tp * row > 96 * 1024) { tp /= 2; }
-    *smem = tp * row;
+    while (tp > 1 && 2 * tp * row > 96 * 1024) { tp /= 2; }
+    *smem = 2 * tp * row;
     return tp;
 }
 
@@ -2761,7 +2732,7 @@ static void route_slot_param(float *part, const float *dsr, const floatX *v, int
 // when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
 // dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
 // positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
-// sites that read it and rd_pair their pair indices (device). dsr (N, nr, H) and
+// sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
 // part (ceil(N/128) * nr * C) are scratch.
 void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
@@ -3073,7 +3044,7 @@ typedef struct {
     floatX *dmg, *dmu;  // (N, F)
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
-    float *route_dsr;  // (N, J, H)  ds r of the slot being gathered, per reading site (mhar)
+    float *route_dsr;  // (N, H, J rounded up to 4)  ds r of the slot being gathered, per reading site (mhar)
     float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
@@ -3244,7 +3215,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmg, N * F, X},
         {(void **)&g->dmu, N * F, X},
         {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
-        {(void **)&g->route_dsr, mhar ? N * J * c->H : 0, S}, {(void **)&g->route_part, route_parts * C, S},
+        {(void **)&g->route_dsr, mhar ? N * c->H * ((J + 3) & ~3) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qv, pairs * C, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);

@@ -2430,9 +2430,10 @@ route_reduce_parts_kernel(float *out, const float *__restrict__ part, const int 
 }
 
 // The launch of route_reduce_parts_kernel: out rows (= or +=) sums of part (P, nm, C)
-void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add) {
-    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES)>>>(out, part, out_row, P, nm, C,
-                                                                                         add);
+void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add,
+                        cudaStream_t stream = 0) {
+    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES), 0, stream>>>(out, part, out_row,
+                                                                                                    P, nm, C, add);
     launchCheck();
 }
 
@@ -2713,7 +2714,7 @@ static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
 // 256 * CPT channels per block), raising its shared-memory limit when a tile needs more
 template <int CPT>
 static void route_slot_param(float *part, const float *dsr, const floatX *v, int nr, size_t N, unsigned P,
-                             const RouteGeo &geo) {
+                             const RouteGeo &geo, cudaStream_t stream) {
     size_t smem;
     int tp = route_param_tile(CPT, nr, geo.H, &smem);
     static size_t smem_set = 0;
@@ -2722,22 +2723,31 @@ static void route_slot_param(float *part, const float *dsr, const floatX *v, int
                                        (int)smem));
         smem_set = smem;
     }
-    route_slot_param_kernel<CPT><<<dim3(ceil_div(geo.C, 256 * CPT), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
-                                                                                     geo.H, tp);
+    route_slot_param_kernel<CPT><<<dim3(ceil_div(geo.C, 256 * CPT), P), 256, smem, stream>>>(part, dsr, v, nr, (int)N,
+                                                                                             geo.C, geo.H, tp);
     launchCheck();
 }
+
+// The q/gamma passes feed only route_param_backward, at the end of the
+// backward, so they run on a second stream and overlap the sublayer backwards
+// that follow on the main stream (stream 0). dsr is the one buffer they share
+// with the gathers: the gather of a slot waits until the pass of the slot
+// before has read it (dsr_free), and each pass waits until its gather has
+// written it (dsr_ready). qpart is the passes' own scratch.
+typedef struct { cudaStream_t stream; cudaEvent_t dsr_ready, dsr_free; } RouteSide;
 
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
 // when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
 // dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
-// positions of ds r v_k. v (N, C) and r (N) are slot k's; readers (nr) are the
-// sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
-// part (ceil(N/128) * nr * C) are scratch.
-void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *part, const floatX *v,
+// positions of ds r v_k (on side's stream). v (N, C) and r (N) are slot k's; readers (nr)
+// are the sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
+// qpart (ceil(N/128) * nr * C) are scratch.
+void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *qpart, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
                          const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N,
-                         const RouteGeo &geo) {
+                         const RouteGeo &geo, const RouteSide &side) {
+    cudaCheck(cudaStreamWaitEvent(0, side.dsr_free, 0));   // the previous q/gamma pass has read dsr
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         constexpr size_t smem = route_ring_smem<VEC, NCH>();
@@ -2749,12 +2759,14 @@ void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, fl
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
-    prof("bwd route: q/gamma parts");
+    cudaCheck(cudaEventRecord(side.dsr_ready, 0));
+    cudaCheck(cudaStreamWaitEvent(side.stream, side.dsr_ready, 0));
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    if ((geo.C / geo.H) % 2 == 0) { route_slot_param<2>(part, dsr, v, nr, N, P, geo); }   // two channels a thread, of one head
-    else { route_slot_param<1>(part, dsr, v, nr, N, P, geo); }
+    if ((geo.C / geo.H) % 2 == 0) { route_slot_param<2>(qpart, dsr, v, nr, N, P, geo, side.stream); }   // two channels a thread, of one head
+    else { route_slot_param<1>(qpart, dsr, v, nr, N, P, geo, side.stream); }
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
-    route_reduce_parts(qv, part, rd_pair, (int)P, nr, geo.C, 0);
+    route_reduce_parts(qv, qpart, rd_pair, (int)P, nr, geo.C, 0, side.stream);
+    cudaCheck(cudaEventRecord(side.dsr_free, side.stream));
 }
 
 // dq_j[c] += gamma_j[c] * s, dgamma_j[c] += q_j[c] * s, where s sums site j's
@@ -3027,7 +3039,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 19
+#define NUM_GRAD_ACT_TENSORS 20
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -3045,7 +3057,8 @@ typedef struct {
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
     float *route_dsr;  // (N, H, J rounded up to 4)  ds r of the slot being gathered, per reading site (mhar)
-    float *route_part; // (max(N/32, J*N/128), C)  per-block partials of the routing sums (mhar)
+    float *route_part; // (N/32, C)  per-block partials of the site passes' norm-weight sums (mhar)
+    float *route_qpart; // (N/128 * J, C)  per-partition partials of the q/gamma passes (mhar; side stream)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
@@ -3073,6 +3086,7 @@ typedef struct {
     int *slot_nr;                   // (J) host: the number of sites reading slot k
     int *d_pair_off;                // (J+1) device: pair_off as int
     RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
+    RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
     int *inputs, *targets;          // host copies of the current batch
@@ -3204,9 +3218,9 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
 
     GradActs *g = &m->gacts;
-    // routing scratch: site partials (N/32 blocks), or slot partials (N/128 partitions x up to J readers)
+    // routing scratch: site partials (N/32 blocks) and slot partials (N/128 partitions x up to J readers)
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
-    if (mhar && ceil_div(N, ROUTE_PART_ROWS) * J > route_parts) { route_parts = ceil_div(N, ROUTE_PART_ROWS) * J; }
+    size_t route_qparts = mhar ? ceil_div(N, ROUTE_PART_ROWS) * J : 0;
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
@@ -3216,9 +3230,16 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->dmu, N * F, X},
         {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
         {(void **)&g->route_dsr, mhar ? N * c->H * ((J + 3) & ~3) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
+        {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
+    if (mhar) {
+        RouteSide *sd = &m->route_side;
+        cudaCheck(cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&sd->dsr_ready, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&sd->dsr_free, cudaEventDisableTiming));
+    }
 
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_targets, N * sizeof(int)));
@@ -3418,9 +3439,9 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     int keep32 = j == 0 || slot_chains(c, j - 1);
     prof("bwd route: slot gather");
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
-    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_part, SLOT(j),
+    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_qpart, SLOT(j),
                         a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
-                        m->slot_nr[j], a->route_qg, chain, keep32, N, m->route_geo);
+                        m->slot_nr[j], a->route_qg, chain, keep32, N, m->route_geo, m->route_side);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position
@@ -3557,6 +3578,7 @@ void model_backward(Model *m, float dloss) {
     // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
     prof("bwd route params");
     if (c->mode == RES_MHAR) {
+        cudaCheck(cudaStreamWaitEvent(0, m->route_side.dsr_free, 0));   // the last q/gamma pass is done
         route_param_backward(dp->rq, dp->rg, g->route_qv, m->d_pair_off, p->rq, p->rg, (int)(2 * L + 1), c->C);
     }
 }
@@ -3716,6 +3738,10 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
     cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
+    if (m->route_side.stream != NULL) {
+        cudaCheck(cudaStreamDestroy(m->route_side.stream));
+        cudaCheck(cudaEventDestroy(m->route_side.dsr_ready)); cudaCheck(cudaEventDestroy(m->route_side.dsr_free));
+    }
     free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->inputs); free(m->targets); free(m->losses_host);
 }
 

@@ -77,6 +77,17 @@ Versions (NOTES_route.md has the byte counts and predictions):
       C=512 H=8). Session 4 on the H200: both PASS; bwd v8 8.709, v9 8.964,
       v10 8.750 ms: no gain here (the trainer's gather with the same changes,
       branch gather-lean: 5.81 -> 5.44 ms in one profile).
+  v11 v8 with a double-buffered q/gamma pass (written 2026-11-30, NOT YET RUN on
+      a GPU): the gather writes dsr as (N, H, nrp) (nrp = nr rounded up to 4;
+      the padding readers never written) instead of (N, nr, H), so a tile's dsr
+      is one contiguous range; route_param_v11_kernel stages tiles of v and dsr
+      with 16-byte cp.async into two shared-memory stages, tile i+1 in flight
+      while tile i is summed (v5's sums, unchanged). Forward, gather (but for
+      the dsr layout), site kernel and reductions are v8's. --check poisons dsr
+      (its padding stays NaN) and the partials, and repeats the backward with
+      the pass's plain v copy (the fallback for rows not in 16-byte chunks):
+      bit-identical required. --bench also times each version's q/gamma pass
+      alone ("q/gamma pass alone" line, v4 and up).
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -100,6 +111,9 @@ backward 9.656 -> 8.735 ms (2.00x -> 1.81x). The trainer's version measured
 forward route 4.27 -> 3.22 and slot gather 6.64 -> 5.98 ms a step
 (NOTES_route.md, "v8 (row ring)" and "Round 3"). v9, v10 (leaner gather):
 PASS, backward 8.964 and 8.750 ms against v8's 8.709: no gain.
+v11 (double-buffered q/gamma pass): compiled and emulated on the host only
+(--cpu-selftest: the pass's schedule and indexing against a float64 sum);
+NOTES_route.md, "v11", has the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -698,6 +712,8 @@ static bool selftest_v7_numeric(int L, int S, int C, int H, int N, uint64_t seed
     return ok;
 }
 
+static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool force_sync, uint64_t seed);   // below
+
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
     bool ok = true;
@@ -712,6 +728,17 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v7_numeric(5, 1, 32, 4, 3, seed + 9, true);
     ok &= selftest_v7_numeric(6, 2, 32, 2, 3, seed + 10, true);
     ok &= selftest_v7_numeric(6, 3, 16, 1, 3, seed + 11, true);
+    // v11's q/gamma pass: tiles, stages, reader groups (nr > 32), partial tiles and blocks, the plain v copy
+    ok &= selftest_v11_param(512, 8, 21, 300, 0, false, seed + 12);    // the 100M slot of 21 readers: tp 16
+    ok &= selftest_v11_param(512, 8, 25, 128, 0, false, seed + 13);
+    ok &= selftest_v11_param(512, 2, 12, 200, 0, false, seed + 14);    // tp 32
+    ok &= selftest_v11_param(1024, 16, 40, 257, 0, false, seed + 15);  // two reader groups, two blocks
+    ok &= selftest_v11_param(256, 2, 64, 140, 8, false, seed + 16);    // two full groups, no padding
+    ok &= selftest_v11_param(768, 4, 5, 130, 4, false, seed + 17);     // a half block (256 channels)
+    ok &= selftest_v11_param(264, 4, 3, 70, 0, false, seed + 18);      // ncb = 264: a division per v chunk
+    ok &= selftest_v11_param(260, 4, 7, 50, 0, false, seed + 19);      // C % 8 = 4 (CPT 1): the plain v copy
+    ok &= selftest_v11_param(512, 2, 33, 200, 0, true, seed + 20);     // the plain copy forced, a group of 1 reader
+    ok &= selftest_v11_param(512, 1, 1, 129, 8, false, seed + 21);
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -777,6 +804,9 @@ static Bytes count_bytes(const Prob &P, int ver) {
             if (ver >= 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
             if (ver == 7) { b.bwd += N * P.v7_pairs * (V + 4 + 2 * F + 8); }   // per pair: v_lo, r_lo again;
                                                                                // the partial and its u.v, out and in
+            if (ver == 11) {   // the q/gamma pass also reads dsr's padding readers [nr, nrp)
+                for (int k = 0; k < P.J; k++) { b.bwd += N * H * 4 * (((P.nr[k] + 3) & ~3) - P.nr[k]); }
+            }
         }
     }
     return b;
@@ -1548,6 +1578,13 @@ __device__ __forceinline__ void prefetch_row_l1(const float *a, int n, int lane)
     }
 }
 
+// v11's dsr layout (N, H, nrp), nrp = nr rounded up to 4: the index of reader
+// jj's ds r for head hd at position t. A position's H nrp entries are contiguous,
+// so the q/gamma pass stages a tile of positions as one range of 16-byte chunks.
+__host__ __device__ __forceinline__ size_t dsr_th_at(size_t t, int hd, int jj, int H, int nrp) {
+    return (t * H + hd) * nrp + jj;
+}
+
 // The gather's ring (v8): reader jj's G row (site readers[jj], position t) into
 // stage jj % ROUTE_RING, its lse and S rows into L1; one commit group, empty when jj >= nr
 template <int C>
@@ -1586,7 +1623,9 @@ __device__ __forceinline__ void gather_load_ahead(uint4 (&nxt)[C / 256], float (
 // RING (v8, with PF = 1): the G rows ROUTE_RING - 1 readers ahead through the
 // row ring, each reader's lse and S rows prefetched into L1 when its G row is
 // issued; dynamic shared memory ring_smem<C>().
-template <int C, int H, int PF, bool RING = false>
+// DSR_TH (v11, with RING): dsr written as (N, H, nrp) (dsr_th_at) for v11's
+// q/gamma pass instead of (N, nr, H); the padding readers [nr, nrp) are not written.
+template <int C, int H, int PF, bool RING = false, bool DSR_TH = false>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel(float *dslot, bf16 *dslotX, float *dsr,
                                                                 const bf16 *__restrict__ v, const float *__restrict__ rk,
                                                                 const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
@@ -1594,6 +1633,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
                                                                 const int *__restrict__ readers, int nr,
                                                                 const float *__restrict__ qg, int N) {
     static_assert(!RING || PF == 1, "the ring is v5's gather (PF = 1) with the G rows through shared memory");
+    static_assert(!DSR_TH || RING, "v11's dsr layout goes with v8's ring gather");
     constexpr int NCH = Geo<C, H>::NCH;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -1660,7 +1700,8 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
             for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
             if (head_first<C, H>(ch, lane)) {
                 T += ds * e[ch];
-                dsr[((size_t)t * nr + jj) * H + hd] = ds * r;
+                if constexpr (DSR_TH) { dsr[dsr_th_at(t, hd, jj, H, (nr + 3) & ~3)] = ds * r; }
+                else { dsr[((size_t)t * nr + jj) * H + hd] = ds * r; }
             }
         }
     }
@@ -2080,6 +2121,308 @@ route_gather_v7_kernel(float *dslot, bf16 *dslotX, float *dsrA, const bf16 *__re
 }
 
 // ----------------------------------------------------------------------------
+// v11: v8 (forward, ring gather, site kernel, reductions) with a double-buffered
+// q/gamma pass. v5's pass (ncu, the trainer's copy, one slot of 21 readers:
+// 78 us, 16% of DRAM, 0.64 issued warps per scheduler) stages a tile, waits for
+// it and then computes, with nothing in flight in between, and transposes dsr
+// element by element with two divisions each. Here the gather writes dsr as
+// (N, H, nrp) already (route_gather_v45_kernel<.., DSR_TH>), so a tile's dsr is
+// one contiguous range, and the copies go through cp.async into two stages.
+
+// bf16 (CPT adjacent) -> fp32
+template <int CPT> __device__ __forceinline__ void ld_bf_cpt(const bf16 *p, float (&x)[CPT]) {
+    if constexpr (CPT == 2) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+        x[0] = f.x; x[1] = f.y;
+    } else {
+#pragma unroll
+        for (int k = 0; k < CPT; k++) { x[k] = __bfloat162float(p[k]); }
+    }
+}
+
+// Copies one tile of route_param_v11_kernel into a stage (vs (tp, 256 CPT) bf16,
+// then ds (tp, H, nrp) fp32): v rows ta .. ta+tn, channels cb0 .. cb0+ncb, and
+// dsr rows ta .. ta+tn; the caller commits. vasync: v through 16-byte cp.async
+// (one division per chunk, a shift when the block is full); otherwise plain
+// loads and stores (C or ncb not a multiple of 8: rows not in 16-byte chunks).
+// dsr always goes through cp.async: a position is H nrp floats, a multiple of 16 bytes.
+template <int CPT>
+__device__ __forceinline__ void param_v11_issue(bf16 *vs, float *ds, const float *dsr, const bf16 *v, int ta, int tn,
+                                                int cb0, int ncb, int C, int H, int nrp, bool vasync) {
+    constexpr int CB = 256 * CPT, VE = 16 / sizeof(bf16);
+    if (vasync) {
+        const int nq = ncb / VE, nv = tn * nq;
+        for (int q = threadIdx.x; q < nv; q += blockDim.x) {
+            const int t = ncb == CB ? q / (CB / VE) : q / nq, col = q - t * nq;
+            cp_async16(vs + (size_t)t * CB + col * VE, v + (size_t)(ta + t) * C + cb0 + col * VE);
+        }
+    } else {
+        for (int q = threadIdx.x; q < tn * ncb; q += blockDim.x) {
+            const int t = q / ncb, col = q - t * ncb;
+            vs[(size_t)t * CB + col] = v[(size_t)(ta + t) * C + cb0 + col];
+        }
+    }
+    const float4 *src = reinterpret_cast<const float4 *>(dsr + dsr_th_at(ta, 0, 0, H, nrp));
+    float4 *dst = reinterpret_cast<float4 *>(ds);
+    const int n4 = tn * H * nrp / 4;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) { cp_async16(dst + i, src + i); }
+}
+
+// q/gamma pass v11: part (P, nr, C) = partition p's sum over its PART_ROWS45
+// positions t of dsr[t, h(c), jj] * v_k[t][c], for every reader jj; dsr (N, H,
+// nrp) as the v11 gather writes it. Block = 256 threads of CPT adjacent channels
+// of one head (256 CPT channels); grid (ceil(C / (256 CPT)), P). The sums are
+// v5's: each thread adds its channels over the partition's positions in order,
+// RG5 readers at a time in registers, dsr read as float4 broadcasts of 4 readers.
+// The positions go in tiles of tp through two shared-memory stages of
+// param_v11_smem's size: tile i+1 is issued into one stage (cp.async, its own
+// commit group; an empty group after the last tile) while tile i is summed from
+// the other, so a tile's copy latency hides behind the previous tile's sums.
+// The tiles of all reader groups form one sequence, so the next group's first
+// tile is in flight during the last tile of the current group.
+// Padding readers jj in [nr, nrp): the gather never writes their dsr entries
+// (whatever the buffer holds: NaN where --check poisons it). They are copied
+// and summed like the others into acc[r] with j0 + r >= nr, which are never
+// stored, and an accumulator takes only its own reader's entries: they cannot
+// reach part. force_sync: the plain v copy even where cp.async would do (--check).
+template <int CPT>
+__global__ void __launch_bounds__(256, 2) route_param_v11_kernel(float *part, const float *__restrict__ dsr,
+                                                                const bf16 *__restrict__ v, int nr, int N, int C, int H,
+                                                                int tp, int force_sync) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int CB = 256 * CPT, VE = 16 / sizeof(bf16);
+    if (nr <= 0) { return; }
+    const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
+    const int t0 = p * PART_ROWS45, t1 = min(t0 + PART_ROWS45, N), ncb = min(CB, C - cb0);
+    const bool vasync = ncb % VE == 0 && C % VE == 0 && !force_sync;
+    // stage s: vs (tp, CB) bf16 at s * stage, then ds (tp, H, nrp); both sizes are multiples of 16 bytes
+    const size_t vbytes = (size_t)tp * CB * sizeof(bf16), stage = vbytes + (size_t)tp * H * nrp * sizeof(float);
+    param_v11_issue<CPT>(reinterpret_cast<bf16 *>(smem_raw), reinterpret_cast<float *>(smem_raw + vbytes), dsr, v, t0,
+                         min(tp, t1 - t0), cb0, ncb, C, H, nrp, vasync);   // tile 0 into stage 0
+    cp_async_commit();
+    int it = 0;   // tile number over all reader groups: tile it is in stage it & 1
+    for (int j0 = 0; j0 < nr; j0 += RG5) {
+        float acc[RG5][CPT];
+#pragma unroll
+        for (int r = 0; r < RG5; r++) {
+#pragma unroll
+            for (int k = 0; k < CPT; k++) { acc[r][k] = 0.0f; }
+        }
+        for (int ta = t0; ta < t1; ta += tp, it++) {
+            const int tn = min(tp, t1 - ta);
+            // the next tile (of this group, or the first of the next) into the other stage, which
+            // the last __syncthreads of the previous tile freed
+            int tb = ta + tp;
+            const bool last_group = j0 + RG5 >= nr;
+            if (tb >= t1) { tb = t0; }
+            if (!(last_group && ta + tp >= t1)) {
+                unsigned char *st = smem_raw + ((it + 1) & 1) * stage;
+                param_v11_issue<CPT>(reinterpret_cast<bf16 *>(st), reinterpret_cast<float *>(st + vbytes), dsr, v, tb,
+                                     min(tp, t1 - tb), cb0, ncb, C, H, nrp, vasync);
+            }
+            cp_async_commit();     // empty when there is no next tile
+            cp_async_wait<1>();    // this thread's copies of tile it are in
+            __syncthreads();       // and every thread's
+            if (c < C) {
+                const unsigned char *st = smem_raw + (it & 1) * stage;
+                const bf16 *vs = reinterpret_cast<const bf16 *>(st);
+                const float *ds = reinterpret_cast<const float *>(st + vbytes);
+                for (int t = 0; t < tn; t++) {
+                    float vv[CPT];
+                    ld_bf_cpt<CPT>(vs + (size_t)t * CB + cl, vv);
+                    const float *d = ds + dsr_th_at(t, hd, j0, H, nrp);
+#pragma unroll
+                    for (int r4 = 0; r4 < RG5 / 4; r4++) {
+                        if (j0 + 4 * r4 < nr) {   // block-uniform; past nr only padding of the last 4
+                            const float4 d4 = *reinterpret_cast<const float4 *>(d + 4 * r4);
+#pragma unroll
+                            for (int k = 0; k < CPT; k++) {
+                                acc[4 * r4 + 0][k] += d4.x * vv[k];
+                                acc[4 * r4 + 1][k] += d4.y * vv[k];
+                                acc[4 * r4 + 2][k] += d4.z * vv[k];
+                                acc[4 * r4 + 3][k] += d4.w * vv[k];
+                            }
+                        }
+                    }
+                }
+            }
+            __syncthreads();       // stage it & 1 is read: tile it + 2 may go there
+        }
+        if (c < C) {
+#pragma unroll
+            for (int r = 0; r < RG5; r++) {
+                if (j0 + r < nr) {   // the padding readers' accumulators stay here
+#pragma unroll
+                    for (int k = 0; k < CPT; k++) { part[((size_t)p * nr + j0 + r) * C + c + k] = acc[r][k]; }
+                }
+            }
+        }
+    }
+}
+// Positions per tile of route_param_v11_kernel<CPT> (tp) and its shared memory
+// (two stages): the largest power of two up to 32 whose two stages fit in 96 KB,
+// so that two blocks share an SM
+static size_t param_v11_smem(int CPT, int nr, int H, int *tp) {
+    const size_t row = 256 * (size_t)CPT * sizeof(bf16) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
+    *tp = 32;
+    while (*tp > 1 && 2 * *tp * row > 96 * 1024) { *tp /= 2; }
+    return 2 * *tp * row;
+}
+
+// v11's q/gamma pass emulated on the host (--cpu-selftest): route_param_v11_kernel's
+// schedule and indexing, statement by statement, the 256 threads of a block in
+// turn. A copy lands in its stage at once, but the tile counts as arrived only
+// when a cp.async.wait_group 1 covers its commit group; a tile must have arrived
+// (and be the expected one) when it is read, and must have been read before its
+// stage takes the next one. Stages are filled with NaN before each issue (an
+// entry the copies miss reads NaN); dsr holds the gather's (N, H, nrp) layout
+// with NaN padding; every partial must be written once, finite and equal to a
+// float64 sum (relative 1e-5). tp_force > 0 overrides the tile size.
+static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool force_sync, uint64_t seed) {
+    const int CPT = (C / H) % 2 == 0 ? 2 : 1, CB = 256 * CPT, VE = 8, NT = 256, HC = C / H;
+    const int nrp = (nr + 3) & ~3, NP = (N + PART_ROWS45 - 1) / PART_ROWS45;
+    int tp;
+    param_v11_smem(CPT, nr, H, &tp);
+    if (tp_force > 0) { tp = tp_force; }
+    uint64_t rs = seed * 2654435761ull + 1;
+    auto rnd = [&]() {   // uniform in [-0.5, 0.5)
+        rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+        return (double)(rs >> 11) / 9007199254740992.0 - 0.5;
+    };
+    std::vector<uint16_t> v((size_t)N * C);
+    std::vector<float> dsr((size_t)N * H * nrp, NAN);   // padding readers stay NaN, as the gather leaves them
+    for (auto &x : v) { x = f2bf_bits((float)rnd()); }
+    for (int t = 0; t < N; t++) {
+        for (int jj = 0; jj < nr; jj++) {
+            for (int hd = 0; hd < H; hd++) { dsr[dsr_th_at(t, hd, jj, H, nrp)] = (float)rnd(); }
+        }
+    }
+    std::vector<float> part((size_t)NP * nr * C, NAN);
+    std::vector<int> wrote((size_t)NP * nr * C, 0);
+    const size_t vbytes = (size_t)tp * CB * 2, stage = vbytes + (size_t)tp * H * nrp * 4;
+    std::vector<unsigned char> smem(2 * stage);
+    const char *why = nullptr;
+    for (int p = 0; p < NP && !why; p++) {
+        for (int bx = 0; bx * CB < C && !why; bx++) {
+            const int cb0 = bx * CB, t0 = p * PART_ROWS45, t1 = std::min(t0 + PART_ROWS45, N), ncb = std::min(CB, C - cb0);
+            const bool vasync = ncb % VE == 0 && C % VE == 0 && !force_sync;
+            int held[2] = {-1, -1};            // the tile (ta) a stage holds
+            bool arrived[2] = {false, false}, read[2] = {true, true};
+            std::vector<int> groups;           // committed groups not yet waited for: stage, or -1 (empty)
+            auto issue = [&](int s, int ta, int tn) {   // param_v11_issue, every thread
+                if (!read[s]) { why = "a stage is overwritten before it was read"; }
+                memset(&smem[s * stage], 0xFF, stage);
+                held[s] = ta; arrived[s] = false; read[s] = false;
+                for (int tid = 0; tid < NT; tid++) {
+                    if (vasync) {
+                        const int nq = ncb / VE, nv = tn * nq;
+                        for (int q = tid; q < nv; q += NT) {
+                            const int t = ncb == CB ? q / (CB / VE) : q / nq, col = q - t * nq;
+                            memcpy(&smem[s * stage + ((size_t)t * CB + col * VE) * 2],
+                                   &v[(size_t)(ta + t) * C + cb0 + col * VE], 16);
+                        }
+                    } else {
+                        for (int q = tid; q < tn * ncb; q += NT) {
+                            const int t = q / ncb, col = q - t * ncb;
+                            memcpy(&smem[s * stage + ((size_t)t * CB + col) * 2], &v[(size_t)(ta + t) * C + cb0 + col], 2);
+                        }
+                    }
+                    const int n4 = tn * H * nrp / 4;
+                    for (int i = tid; i < n4; i += NT) {
+                        memcpy(&smem[s * stage + vbytes + (size_t)i * 16], &dsr[dsr_th_at(ta, 0, 0, H, nrp) + (size_t)i * 4],
+                               16);
+                    }
+                }
+            };
+            auto commit = [&](int s) { groups.push_back(s); };
+            issue(0, t0, std::min(tp, t1 - t0));
+            commit(0);
+            int it = 0;
+            for (int j0 = 0; j0 < nr && !why; j0 += RG5) {
+                std::vector<float> acc((size_t)NT * RG5 * CPT, 0.0f);
+                for (int ta = t0; ta < t1 && !why; ta += tp, it++) {
+                    const int tn = std::min(tp, t1 - ta);
+                    int tb = ta + tp;
+                    const bool last_group = j0 + RG5 >= nr;
+                    if (tb >= t1) { tb = t0; }
+                    int next = -1;
+                    if (!(last_group && ta + tp >= t1)) {
+                        next = (it + 1) & 1;
+                        issue(next, tb, std::min(tp, t1 - tb));
+                    }
+                    commit(next);
+                    while (groups.size() > 1) {   // cp.async.wait_group 1
+                        if (groups.front() >= 0) { arrived[groups.front()] = true; }
+                        groups.erase(groups.begin());
+                    }
+                    const int s = it & 1;
+                    if (!arrived[s] || held[s] != ta) { why = "a tile is read before it arrived, or the wrong tile"; break; }
+                    for (int tid = 0; tid < NT; tid++) {
+                        const int c = cb0 + tid * CPT, hd = c < C ? c / HC : 0;
+                        if (c >= C) { continue; }
+                        for (int t = 0; t < tn; t++) {
+                            float vv[2];
+                            for (int k = 0; k < CPT; k++) {
+                                uint16_t b;
+                                memcpy(&b, &smem[s * stage + ((size_t)t * CB + tid * CPT + k) * 2], 2);
+                                vv[k] = bf_bits2f(b);
+                            }
+                            const float *d = reinterpret_cast<const float *>(&smem[s * stage + vbytes]) +
+                                             dsr_th_at(t, hd, j0, H, nrp);
+                            float *a = &acc[(size_t)tid * RG5 * CPT];
+                            for (int r4 = 0; r4 < RG5 / 4; r4++) {
+                                if (j0 + 4 * r4 < nr) {
+                                    for (int r = 0; r < 4; r++) {
+                                        for (int k = 0; k < CPT; k++) { a[(4 * r4 + r) * CPT + k] += d[4 * r4 + r] * vv[k]; }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    read[s] = true;   // the trailing __syncthreads
+                }
+                for (int tid = 0; tid < NT && !why; tid++) {
+                    const int c = cb0 + tid * CPT;
+                    if (c >= C) { continue; }
+                    for (int r = 0; r < RG5; r++) {
+                        if (j0 + r < nr) {
+                            for (int k = 0; k < CPT; k++) {
+                                const size_t o = ((size_t)p * nr + j0 + r) * C + c + k;
+                                part[o] = acc[((size_t)tid * RG5 + r) * CPT + k];
+                                wrote[o]++;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    double err = 0.0;
+    for (int p = 0; p < NP && !why; p++) {
+        for (int jj = 0; jj < nr && !why; jj++) {
+            for (int c = 0; c < C; c++) {
+                const size_t o = ((size_t)p * nr + jj) * C + c;
+                double ref = 0.0, mag = 0.0;
+                for (int t = p * PART_ROWS45; t < std::min((p + 1) * PART_ROWS45, N); t++) {
+                    const double x = (double)dsr[dsr_th_at(t, c / HC, jj, H, nrp)] * bf_bits2f(v[(size_t)t * C + c]);
+                    ref += x; mag += fabs(x);
+                }
+                if (wrote[o] != 1) { why = "a partial is written twice or never"; break; }
+                if (!std::isfinite(part[o])) { why = "a partial is not finite"; break; }
+                err = std::max(err, fabs(part[o] - ref) / (mag + 1e-30));
+            }
+        }
+    }
+    const bool ok = !why && err <= 1e-5;
+    printf("  v11 q/gamma pass, host emulation C=%-4d H=%-2d nr=%-2d N=%-3d CPT=%d tp=%-2d%s: max rel err %.1e  %s", C, H, nr, N,
+           CPT, tp, force_sync || C % 8 ? " (plain v copy)" : "", err, ok ? "ok" : "FAIL");
+    if (why) { printf(" (%s)", why); }
+    printf("\n");
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
 // Host side: buffers, the whole-model passes per version
 
 struct Dev {
@@ -2087,6 +2430,7 @@ struct Dev {
     bf16 *h, *u; float *rstd, *lse, *a;                   // forward outputs
     float *dslots, *dq, *dgamma, *dg;                     // backward outputs
     float *Gf, *ds, *part_qv, *part_dg, *dsr, *gpart, *qvacc, *qg; bf16 *Gb; float *Sb;   // scratch
+                                                          // (dsr: N nmax H, or N H nrp(nmax) for v11: dsr_count)
     bf16 *dslotX;                                         // (N, C) v5: bf16 copy of the slot gradient
     float *gpart45;                                       // (N/128, nmax, C) v4, v5: q/gamma partials
     float *part7, *T7, *dsr7; int *ul7;                   // v7: lo's partial (N, C), its u.v sum (N), lo's dsr
@@ -2159,6 +2503,13 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
+        } else if (ver == 11) {   // v8's gather, dsr written as (N, H, nrp) for v11's q/gamma pass
+            constexpr size_t smem = ring_smem<C>();
+            static bool limit_set = false;
+            ring_smem_limit(route_gather_v45_kernel<C, H, 1, true, true>, smem, limit_set);
+            route_gather_v45_kernel<C, H, 1, true, true><<<cdiv(N, 8), 256, smem>>>(
+                d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                d.rd + k * P.J, P.nr[k], d.qg, P.N);
         } else if (ver == 8) {
             constexpr size_t smem = ring_smem<C>();
             static bool limit_set = false;
@@ -2219,6 +2570,10 @@ template <typename T> static T *dalloc(size_t count) {
     return p;
 }
 
+// floats in the dsr scratch: ds r per (position, reader, head) for the largest
+// reader count, with v11's rows of H nrp (nrp = nmax rounded up to 4)
+static size_t dsr_count(const Prob &P) { return (size_t)P.N * P.H * ((P.nmax + 3) & ~3); }
+
 static Dev dev_alloc(const Prob &P) {
     const size_t N = P.N, C = P.C, H = P.H, J = P.J;
     const size_t nblk = cdiv(N, POS_PER_BLOCK), npart = cdiv(N, PART_ROWS);
@@ -2230,7 +2585,7 @@ static Dev dev_alloc(const Prob &P) {
     d.dslots = dalloc<float>(J * N * C); d.dq = dalloc<float>(J * C); d.dgamma = dalloc<float>(J * C); d.dg = dalloc<float>(J * C);
     d.Gf = dalloc<float>(N * C); d.ds = dalloc<float>(N * H * P.nmax);
     d.part_qv = dalloc<float>(std::max(nblk, npart) * C); d.part_dg = dalloc<float>(nblk * C);
-    d.dsr = dalloc<float>(N * P.nmax * H); d.gpart = dalloc<float>(npart * P.nmax * C); d.qvacc = dalloc<float>(J * J * C);
+    d.dsr = dalloc<float>(dsr_count(P)); d.gpart = dalloc<float>(npart * P.nmax * C); d.qvacc = dalloc<float>(J * J * C);
     d.Gb = dalloc<bf16>(J * N * C); d.Sb = dalloc<float>(J * N * H); d.qg = dalloc<float>(J * C);
     d.src = dalloc<int>(J * J); d.nsrc = dalloc<int>(J); d.rd = dalloc<int>(J * J);
     d.dslotX = dalloc<bf16>(N * C);
@@ -2274,6 +2629,47 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             ks.fwd2(P, d, j, want_a, ver >= 8);
         }
     }
+}
+
+// v11's q/gamma pass of slot k (d.dsr as (N, H, nrp)) into d.gpart45, over np
+// partitions, raising its shared-memory limit when a tile needs more.
+// v11_force_sync: the plain copy of v instead of cp.async (--check's repeat).
+static int v11_force_sync = 0;
+template <int CPT> static void param_v11(const Prob &P, const Dev &d, int k, unsigned np) {
+    const size_t N = P.N, C = P.C;
+    int tp;
+    const size_t smem = param_v11_smem(CPT, P.nr[k], P.H, &tp);
+    static size_t smem_set = 0;
+    if (smem > smem_set) {
+        CK(cudaFuncSetAttribute(route_param_v11_kernel<CPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set = smem;
+    }
+    route_param_v11_kernel<CPT><<<dim3(cdiv(C, 256 * CPT), np), 256, smem>>>(d.gpart45, d.dsr, d.slots + k * N * C,
+                                                                             P.nr[k], P.N, P.C, P.H, tp, v11_force_sync);
+}
+
+// The q/gamma pass of slot k (v4 and up) on dsr into d.gpart45: v4's, v5's (v5-v10), v11's
+static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const float *dsr) {
+    const size_t N = P.N, C = P.C, H = P.H;
+    const unsigned np = cdiv(N, PART_ROWS45);
+    if (ver == 11) {
+        if ((C / H) % 2 == 0) { param_v11<2>(P, d, k, np); }   // two channels a thread, of one head
+        else { param_v11<1>(P, d, k, np); }
+    } else if (ver >= 5) {
+        int tp;
+        size_t smem = param_v5_smem(P.nr[k], P.H, &tp);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            CK(cudaFuncSetAttribute(route_param_v5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            smem_set = smem;
+        }
+        route_param_v5_kernel<<<dim3(cdiv(C, 512), np), 256, smem>>>(d.gpart45, dsr, d.slots + k * N * C, P.nr[k], P.N,
+                                                                     P.C, P.H, tp);
+    } else {
+        route_param_v4_kernel<<<dim3(cdiv(C, 256), np), 256>>>(d.gpart45, dsr, d.slots + k * N * C, P.nr[k], P.N, P.C,
+                                                               P.H);
+    }
+    LAUNCH_CHECK();
 }
 
 // Backward of every site in reverse order (the forward's outputs must be there).
@@ -2321,21 +2717,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             } else {
                 ks.gather45(P, d, k, ver);
             }
-            if (ver >= 5) {
-                int tp;
-                size_t smem = param_v5_smem(P.nr[k], P.H, &tp);
-                static size_t smem_set = 0;
-                if (smem > smem_set) {
-                    CK(cudaFuncSetAttribute(route_param_v5_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                    smem_set = smem;
-                }
-                route_param_v5_kernel<<<dim3(cdiv(C, 512), np), 256, smem>>>(d.gpart45, dsr, d.slots + k * N * C,
-                                                                             P.nr[k], P.N, P.C, P.H, tp);
-            } else {
-                route_param_v4_kernel<<<dim3(cdiv(C, 256), np), 256>>>(d.gpart45, d.dsr, d.slots + k * N * C, P.nr[k],
-                                                                       P.N, P.C, P.H);
-            }
-            LAUNCH_CHECK();
+            run_param_pass(ver, P, d, k, dsr);
             route_reduce45_kernel<<<dim3(cdiv(C, 32), P.nr[k]), dim3(32, 32)>>>(d.qvacc, d.gpart45, d.rd + k * P.J,
                                                                                  P.nr[k], np, k, P.J, P.C);
             LAUNCH_CHECK();
@@ -2400,9 +2782,17 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     CK(cudaMemset(d.a, 0xFF, (size_t)P.P * NN * H * 4)); CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4));
     CK(cudaMemset(d.dq, 0xFF, J * C * 4)); CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
     if (ver == 7) {   // and v7's scratch: a read of a partial or ds r never written gives NaN
-        CK(cudaMemset(d.dsr, 0xFF, NN * P.nmax * H * 4)); CK(cudaMemset(d.dsr7, 0xFF, NN * P.nmax * H * 4));
+        CK(cudaMemset(d.dsr, 0xFF, dsr_count(P) * 4)); CK(cudaMemset(d.dsr7, 0xFF, NN * P.nmax * H * 4));
         CK(cudaMemset(d.part7, 0xFF, NN * C * 4)); CK(cudaMemset(d.T7, 0xFF, NN * 4));
     }
+    // and v11's: ds r and the q/gamma partials. The gather never writes dsr's padding readers
+    // [nr, nrp), so they stay NaN through the run: v11's pass copies and sums them into
+    // accumulators it never stores, and any that leaked would fail the check
+    auto poison11 = [&]() {
+        CK(cudaMemset(d.dsr, 0xFF, dsr_count(P) * 4));
+        CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
+    };
+    if (ver == 11) { poison11(); }
     run_forward(ver, P, d, ks, true);
     CK(cudaDeviceSynchronize());
     run_backward(ver, P, d, ks);
@@ -2411,18 +2801,31 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
                                         fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                         fetch(d.dg, J * C)};
-    // v7: the backward again, from the same forward: the gradients must repeat bit for bit
+    // v7: the backward again, from the same forward: the gradients must repeat bit for bit.
+    // v11: the same, with its q/gamma pass copying v by plain loads (the fallback for rows not in
+    // 16-byte chunks, never taken at the lab's shapes): same sums, so bit for bit too
     bool same = true;
-    if (ver == 7) {
+    if (ver == 7 || ver == 11) {
+        if (ver == 11) {
+            poison11();
+            CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4)); CK(cudaMemset(d.dq, 0xFF, J * C * 4));
+            CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
+            v11_force_sync = 1;
+        }
         run_backward(ver, P, d, ks);
         CK(cudaDeviceSynchronize());
+        v11_force_sync = 0;
         std::vector<double> again[4] = {fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                         fetch(d.dg, J * C)};
         for (int o = 0; o < 4; o++) { same = same && memcmp(again[o].data(), got[O_DSLOTS + o].data(), again[o].size() * 8) == 0; }
-        printf("v%d backward repeated: %s (plan: %d pairs, %d of %d G rows)\n", ver,
-               same ? "bit-identical" : "DIFFERENT (FAIL)", P.v7_pairs, P.v7_rows, P.P);
+        if (ver == 7) {
+            printf("v%d backward repeated: %s (plan: %d pairs, %d of %d G rows)\n", ver,
+                   same ? "bit-identical" : "DIFFERENT (FAIL)", P.v7_pairs, P.v7_rows, P.P);
+        } else {
+            printf("v%d backward repeated with the plain v copy: %s\n", ver, same ? "bit-identical" : "DIFFERENT (FAIL)");
+        }
     }
-    // v5 (v6, v8 too): the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
+    // v5 (v6, v8-v11 too): the bf16 copy of the last slot gathered (slot 0) must be dslot_0 rounded to bf16, bit for bit
     double xerr = 0.0;
     if (ver >= 5) {
         std::vector<double> x = fetch(d.dslotX, NN * C);
@@ -2526,6 +2929,21 @@ static void bench_version(int ver, int L, int S, int C, int H, int N, uint64_t s
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (it >= 3) { tb.push_back(ms); }
     }
+    // v4 and up: the q/gamma pass alone (the part v11 changes), slot by slot, the mean of 20 launches
+    // each, on whatever ds r the last backward left (the time does not depend on it)
+    double qg_ms = 0.0, qg_us4 = 0.0;
+    if (ver >= 4) {
+        for (int k = 0; k < P.J; k++) {
+            float ms;
+            CK(cudaEventRecord(e0));
+            for (int it = 0; it < 20; it++) { run_param_pass(ver, P, d, k, d.dsr); }
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            qg_ms += ms / 20;
+            if (k == 4) { qg_us4 = ms / 20 * 1e3; }
+        }
+    }
     CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     dev_free(d);
     Bytes b = count_bytes(P, ver);
@@ -2536,13 +2954,18 @@ static void bench_version(int ver, int L, int S, int C, int H, int N, uint64_t s
            ver, L, S, C, H, N, mf, *std::min_element(tf.begin(), tf.end()), *std::max_element(tf.begin(), tf.end()),
            b.fwd / 1e9, b.fwd / (mf * 1e-3) / 1e9, ff, mf / ff, mb, *std::min_element(tb.begin(), tb.end()),
            *std::max_element(tb.begin(), tb.end()), b.bwd / 1e9, b.bwd / (mb * 1e-3) / 1e9, fb, mb / fb);
+    if (ver >= 4) {
+        printf("v%d q/gamma pass alone: %.3f ms over the %d slots", ver, qg_ms, P.J);
+        if (P.J > 4) { printf(" (slot 4, %d readers: %.1f us)", P.nr[4], qg_us4); }
+        printf("\n");
+    }
 }
 
 static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 10; ver++) {
+    for (int ver = 1; ver <= 11; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -2588,8 +3011,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 10 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..10) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 11 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..11) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -2598,7 +3021,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 10 : std::max(ver, std::min(vmax, 10));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 11 : std::max(ver, std::min(vmax, 11));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -2075,6 +2075,7 @@ template <int VEC> __device__ __forceinline__ void st_f(float *p, const float (&
 // a source) need a __syncwarp after the wait. Shared memory per block of 8
 // warps: packs [8][ROUTE_RING][NCH][32], then floats [8][ROUTE_RING].
 #define ROUTE_RING 4   // a power of two
+#define ROUTE_LOG2E 1.4426950408889634f   // log2(e): the gather's exp(x) = exp2f(x log2 e)
 template <int VEC> __host__ __device__ constexpr bool route_ring() { return sizeof(Packed<VEC>) == 16; }
 template <int VEC, int NCH> __host__ __device__ constexpr size_t route_ring_smem() {
     return route_ring<VEC>() ? 8 * ROUTE_RING * ((size_t)NCH * 32 * 16 + sizeof(float)) : 0;
@@ -2472,8 +2473,9 @@ __device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefe
 // The readers' G rows come through the row ring (bf16), or one reader ahead in
 // registers; their lse and S rows are prefetched into L1 (no registers) at the
 // same time. The loop over the readers is bound by instruction issue (ncu), so
-// it is kept lean: head indices computed once, compile-time head sums, two FMAs
-// per element of dv.
+// it is kept lean: head indices computed once, compile-time head sums, v_k
+// unpacked once, each reader's G row and qg_j read once, the weight through
+// exp2f, two FMAs per element of dv.
 template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
@@ -2488,18 +2490,18 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     int hd[NCH];
     bool first[NCH];
     lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
-    // v_k and the next reader's G, packed (unpacked on use). Lanes past C: G and
-    // qg are zeros, so p = e = 0 there whatever v_k holds (ld_lane_clamped), and
-    // they skip the rest.
+    // v_k in fp32 (unpacked once), and the next reader's G (no ring). Lanes past
+    // C: G and qg are zeros, so p = e = 0 there whatever v_k holds
+    // (ld_lane_clamped), and they skip the rest.
     constexpr bool RING = route_ring<VEC>();
     extern __shared__ __align__(16) unsigned char route_smem[];
     Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
-    Packed<VEC> vk[NCH], nxt[NCH];
-    float dv[NCH][VEC];
-    const float r = rk[t];
+    Packed<VEC> nxt[NCH];
+    float vf[NCH][VEC], dv[NCH][VEC];
+    const float r = rk[t], rl = r * ROUTE_LOG2E;
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        vk[ch] = ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C);
+        unpack(ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C), vf[ch]);
 #pragma unroll
         for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
     }
@@ -2527,7 +2529,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         const size_t row = (size_t)j * N + t;
         const float *qgj = qg + (size_t)j * C, *lsej = lseall + row * H, *Sj = Sall + row * H;
         Packed<VEC> Gp[NCH];
-        float p[NCH], e[NCH];
+        float G[NCH][VEC], qv[NCH][VEC], p[NCH], e[NCH];   // reader j's G row and qg_j, each read once
         if constexpr (RING) {
             cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
 #pragma unroll
@@ -2545,12 +2547,11 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            float G[VEC], vv[VEC], qv[VEC], pd = 0.0f, ed = 0.0f;
-            unpack(Gp[ch], G);
-            unpack(vk[ch], vv);
-            ld_f(qv, qgj, ch * W + lane * VEC, C);
+            float pd = 0.0f, ed = 0.0f;
+            unpack(Gp[ch], G[ch]);
+            ld_f(qv[ch], qgj, ch * W + lane * VEC, C);
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
+            for (int k = 0; k < VEC; k++) { pd += G[ch][k] * vf[ch][k]; ed += qv[ch][k] * vf[ch][k]; }
             p[ch] = pd; e[ch] = ed;
         }
         head_sum<NCH, SEG>(p, geo);
@@ -2560,13 +2561,11 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             const int c0 = ch * W + lane * VEC;
             if (c0 >= C) { continue; }
             // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
-            const float av = expf(r * e[ch] - lsej[hd[ch]]);
+            // a = exp(r e - lse), as 2^((r e - lse) log2 e): one MUFU.EX2 and a multiply
+            const float av = exp2f(fmaf(rl, e[ch], -lsej[hd[ch]] * ROUTE_LOG2E));
             const float ds = av * (p[ch] - Sj[hd[ch]]), rds = r * ds;
-            float G[VEC], qv[VEC];
-            unpack(Gp[ch], G);
-            ld_f(qv, qgj, c0, C);   // L1 hit: every warp reads the same qg_j
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[k], fmaf(rds, qv[k], dv[ch][k])); }
+            for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[ch][k], fmaf(rds, qv[ch][k], dv[ch][k])); }
             if (first[ch]) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
                 dsr[((size_t)t * H + hd[ch]) * ((nr + 3) & ~3) + jj] = rds;   // (N, H, nrp)
@@ -2579,10 +2578,8 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
         if (c0 >= C) { continue; }
-        float vv[VEC];
-        unpack(vk[ch], vv);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) { dv[ch][k] -= k3 * vv[k]; }
+        for (int k = 0; k < VEC; k++) { dv[ch][k] -= k3 * vf[ch][k]; }
         if (chain) {   // slot k+1 = out_k + slot k: the pass-through
             float old[VEC];
             ld_f(old, dslot + (size_t)t * C, c0, C);

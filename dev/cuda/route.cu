@@ -88,6 +88,16 @@ Versions (NOTES_route.md has the byte counts and predictions):
       the pass's plain v copy (the fallback for rows not in 16-byte chunks):
       bit-identical required. --bench also times each version's q/gamma pass
       alone ("q/gamma pass alone" line, v4 and up).
+  v12 v11 with a leaner gather (route_gather_v12_kernel; written 2026-11-30, NOT
+      YET RUN on a GPU): same math in the same order; 32-bit element indices with
+      the per-lane parts computed once and j * (slot size) per reader; readers
+      from a register per lane by shuffle (nr <= 32); lse and S copied into the
+      ring with the G row (cp.async) instead of an L1 prefetch and global loads;
+      readers past nr issued as zero-byte copies (no branch around the issue);
+      v held packed (unpacked per reader, one integer instruction per value).
+      Checks as v11's (poisoning, the repeat with the plain v copy); expected but
+      not required: hashes equal to v11's. --cpu-selftest checks its index math
+      against v11's on every lab shape.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -114,6 +124,7 @@ PASS, backward 8.964 and 8.750 ms against v8's 8.709: no gain.
 v11 (double-buffered q/gamma pass): compiled and emulated on the host only
 (--cpu-selftest: the pass's schedule and indexing against a float64 sum);
 NOTES_route.md, "v11", has the device command.
+v12 (leaner gather): compiled only; NOTES_route.md, "v12", has the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -713,6 +724,7 @@ static bool selftest_v7_numeric(int L, int S, int C, int H, int N, uint64_t seed
 }
 
 static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool force_sync, uint64_t seed);   // below
+static bool selftest_v12_index(void);   // below
 
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
@@ -739,6 +751,7 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v11_param(260, 4, 7, 50, 0, false, seed + 19);      // C % 8 = 4 (CPT 1): the plain v copy
     ok &= selftest_v11_param(512, 2, 33, 200, 0, true, seed + 20);     // the plain copy forced, a group of 1 reader
     ok &= selftest_v11_param(512, 1, 1, 129, 8, false, seed + 21);
+    ok &= selftest_v12_index();   // v12's gather: its index math against v11's on every lab shape
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -804,7 +817,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
             if (ver >= 5) { b.bwd += N * J * V; }      // bf16 copy of dslot_k (the trainer drops its cast)
             if (ver == 7) { b.bwd += N * P.v7_pairs * (V + 4 + 2 * F + 8); }   // per pair: v_lo, r_lo again;
                                                                                // the partial and its u.v, out and in
-            if (ver == 11) {   // the q/gamma pass also reads dsr's padding readers [nr, nrp)
+            if (ver >= 11) {   // the q/gamma pass also reads dsr's padding readers [nr, nrp)
                 for (int k = 0; k < P.J; k++) { b.bwd += N * H * 4 * (((P.nr[k] + 3) & ~3) - P.nr[k]); }
             }
         }
@@ -1717,6 +1730,250 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v45_kernel
     }
 }
 
+// Gather v12: v11's gather (route_gather_v45_kernel<C, H, 1, true, true>: the
+// ring, dsr as (N, H, nrp)) with fewer integer and control instructions per
+// reader, since the trainer's ring gather is bound by instruction issue (its
+// SASS: 329 instructions a reader and warp, 68 of them FFMA; NOTES_route.md,
+// "v12"). The math and its order are v11's, statement for statement.
+//  - Addresses: 32-bit element indices. The per-lane parts (position t, the
+//    lane's channels, its lse/S entry, dsr's row of t) are computed once before
+//    the loop; per reader and array only j * (elements of one slot) is added
+//    (one IMAD; NC = N C and NH = N H are kernel parameters), and the pointer
+//    is the kernel parameter plus the unsigned index (one IMAD.WIDE.U32 with
+//    the base from the constant bank: no 64-bit base held in registers). The
+//    host checks that every index fits: J N C, J N H and N H nrp < 2^31.
+//  - Readers: lane l holds readers[l] (nr <= 32, checked on the host), and a
+//    reader's j comes by one shuffle (no dependent global load, no address).
+//  - lse and S: copied with the G row into the ring by cp.async (4 bytes each:
+//    lane l copies lse[j][t][l % H] and S[j][t][l % H] into its own two slots of
+//    the stage; lanes from H copy duplicates, never read) and read back from
+//    shared memory after a __syncwarp (other lanes copied them), instead of
+//    v11's L1 prefetch and two global loads per chunk.
+//  - No branch in the loop but the back-branch: readers past nr are issued
+//    anyway, as zero-byte copies (cp.async src-size 0) from a valid address
+//    (reader readers[i % 32]'s or slot 0's row), into the stage of the row just
+//    consumed, never read; so every iteration commits one group as before, and
+//    the kernel waits for all groups after the loop (no copy lands after exit).
+// Dynamic shared memory: ring_smem<C>(), then lse/S [8][ROUTE_RING][2][32] floats.
+template <int C> constexpr size_t ring_smem12() { return ring_smem<C>() + (size_t)8 * ROUTE_RING * 64 * sizeof(float); }
+// this warp's lse/S stages (ROUTE_RING, 2, 32), after the ring's packs and floats (ring_smem<C>() bytes)
+template <int C> __device__ __forceinline__ float *ring12_ls() {
+    return reinterpret_cast<float *>(ring_smem_raw + (size_t)8 * ROUTE_RING * ((size_t)(C / 256) * 32 * sizeof(uint4) + sizeof(float))) +
+           (threadIdx.x >> 5) * ROUTE_RING * 64;
+}
+// cp.async of 16 or 4 bytes, of which src_size are read and the rest zero-filled (src_size 0: none read)
+__device__ __forceinline__ void cp_async16z(uint32_t s, const void *gmem, uint32_t src_size) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
+}
+__device__ __forceinline__ void cp_async4z(uint32_t s, const void *gmem, uint32_t src_size) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
+}
+// v12's index math, shared with --cpu-selftest (which compares it with v11's).
+// Per lane, before the loop: its first G / v / dslot channel in position t's row
+// of slot 0 (chunk ch: + 256 ch), its lse/S entry in slot 0, its qg channel of
+// site 0, and dsr's first entry of position t. Per reader j: + j NC, + j NH, + j C.
+__host__ __device__ __forceinline__ unsigned g12_row(unsigned t, int lane, int C) { return t * (unsigned)C + (unsigned)lane * 8; }
+__host__ __device__ __forceinline__ unsigned g12_ls(unsigned t, int lane, int H) { return t * (unsigned)H + (unsigned)(lane & (H - 1)); }
+__host__ __device__ __forceinline__ unsigned g12_dsr(unsigned t, int H, int nrp) { return t * (unsigned)H * (unsigned)nrp; }
+__host__ __device__ __forceinline__ unsigned g12_add(unsigned base, unsigned j, unsigned stride) { return j * stride + base; }
+// the ring stage and the readers lane of reader i (i >= nr: a zero-byte copy from lane i % 32's reader)
+__host__ __device__ __forceinline__ int g12_stage(int i) { return i & (ROUTE_RING - 1); }
+__host__ __device__ __forceinline__ int g12_src_lane(int i) { return i & 31; }
+// bf16 -> fp32 by one integer instruction each (exact, as __bfloat1622float2)
+__device__ __forceinline__ void unpack8_bits(uint4 raw, float (&x)[8]) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) { x[2 * k] = __uint_as_float(w[k] << 16); x[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u); }
+}
+// an empty asm that "modifies" x: whatever is computed from x after it stays after it (in the loop)
+__device__ __forceinline__ void opaque4(uint4 &x) { asm volatile("" : "+r"(x.x), "+r"(x.y), "+r"(x.z), "+r"(x.w)); }
+__device__ __forceinline__ void opaque1(unsigned &x) { asm volatile("" : "+r"(x)); }
+// reader i's G row (this lane's packs) and lse/S entries into stage i % ROUTE_RING; one commit group
+template <int C>
+__device__ __forceinline__ void gather12_issue(int i, int nr, int jl, const bf16 *Gall, const float *Sall,
+                                               const float *lseall, unsigned gi, unsigned li, unsigned NC, unsigned NH,
+                                               uint32_t sg, uint32_t sls) {
+    constexpr int NCH = C / 256;
+    const unsigned j = (unsigned)__shfl_sync(0xffffffffu, jl, g12_src_lane(i));
+    const uint32_t gsz = i < nr ? 16u : 0u, lsz = i < nr ? 4u : 0u;
+    const uint32_t st = (uint32_t)g12_stage(i);
+    const unsigned g = g12_add(gi, j, NC), l = g12_add(li, j, NH);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        cp_async16z(sg + (st * NCH + ch) * 32 * (uint32_t)sizeof(uint4), Gall + (g + ch * 256), gsz);
+    }
+    cp_async4z(sls + st * 64 * (uint32_t)sizeof(float), lseall + l, lsz);
+    cp_async4z(sls + (st * 64 + 32) * (uint32_t)sizeof(float), Sall + l, lsz);
+    cp_async_commit();
+}
+template <int C, int H>
+__global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v12_kernel(float *dslot, bf16 *dslotX, float *dsr,
+                                                                const bf16 *__restrict__ v, const float *__restrict__ rk,
+                                                                const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
+                                                                const float *__restrict__ lseall,
+                                                                const int *__restrict__ readers, int nr,
+                                                                const float *__restrict__ qg, int N, unsigned NC, unsigned NH) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= N) { return; }
+    uint4 vraw[NCH];
+    float dv[NCH][8];
+    const float r = rk[t];
+    const unsigned gi = g12_row((unsigned)t, lane, C);   // also v's and dslot's (slot k's rows are passed)
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        vraw[ch] = ld_raw(v + (gi + ch * 256));
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    // per lane: the readers (lane l: readers[l]; past nr, slot 0), its lse/S entry, the ring's shared
+    // addresses, its qg channels and dsr's entries of position t
+    const int jl = lane < nr ? __ldg(readers + lane) : 0;
+    const unsigned li = g12_ls((unsigned)t, lane, H), qi = (unsigned)lane * 8;
+    const uint32_t sg = (uint32_t)__cvta_generic_to_shared(ring_packs<C>() + lane);
+    const uint32_t sls = (uint32_t)__cvta_generic_to_shared(ring12_ls<C>() + lane);
+    // this warp's ring, at this lane's packs; its lse/S stages at the entry of the lane's head in chunk 0
+    // (chunk ch's head: head_of<C, H>(0, lane) + 256 ch / HC, C / H being a multiple or a divisor of 256)
+    constexpr int HC = Geo<C, H>::HC;
+    const uint4 *ringl = ring_packs<C>() + lane;
+    const float *lsh = ring12_ls<C>() + head_of<C, H>(0, lane);
+    const int nrp = (nr + 3) & ~3;
+    unsigned dh = g12_dsr((unsigned)t, H, nrp) + (unsigned)(head_of<C, H>(0, lane) * nrp);
+    float T = 0.0f;   // this lane's share of sum_j u_j . v
+    for (int i = 0; i < ROUTE_RING - 1; i++) {
+        gather12_issue<C>(i, nr, jl, Gall, Sall, lseall, gi, li, NC, NH, sg, sls);
+    }
+    for (int jj = 0; jj < nr; jj++) {
+        uint4 Graw[NCH];
+        float p[NCH], e[NCH];
+        cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row and this lane's lse/S entries are in
+        __syncwarp();                      // and every lane's (this lane reads its heads' entries)
+        opaque1(dh);
+        const float *ls = lsh + g12_stage(jj) * 64;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            Graw[ch] = ringl[(g12_stage(jj) * NCH + ch) * 32];
+            opaque4(vraw[ch]);   // v's unpack stays in the loop: v is held packed (8 registers, not 16)
+        }
+        // into the stage of reader jj-1
+        gather12_issue<C>(jj + ROUTE_RING - 1, nr, jl, Gall, Sall, lseall, gi, li, NC, NH, sg, sls);
+        const float *qj = qg + g12_add(qi, (unsigned)__shfl_sync(0xffffffffu, jl, jj), (unsigned)C);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float G[8], vv[8], qv[8], pd = 0.0f, ed = 0.0f;
+            unpack8_bits(Graw[ch], G);
+            unpack8_bits(vraw[ch], vv);
+            ld_f8(qj + ch * 256, qv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
+            p[ch] = pd; e[ch] = ed;
+        }
+        head_sum<C, H>(p);
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int hoff = ch * 256 / HC;   // chunk ch's head - chunk 0's (this lane)
+            const float lse = ls[hoff], S = ls[32 + hoff];
+            const float av = expf(r * e[ch] - lse);
+            const float ds = av * (p[ch] - S);
+            float G[8], qv[8];
+            unpack8_bits(Graw[ch], G);
+            ld_f8(qj + ch * 256, qv);   // L1 hit: every warp reads the same qg_j
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
+            if (head_first<C, H>(ch, lane)) {
+                T += ds * e[ch];
+                dsr[dh + (unsigned)(hoff * nrp + jj)] = ds * r;   // dsr_th_at(t, head_of(ch, lane), jj, H, nrp)
+            }
+        }
+    }
+    cp_async_wait<0>();   // the zero-byte copies of readers nr .. nr + ROUTE_RING - 2
+    const float k3 = r * r * r / C * warp_sum(T);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float vv[8];
+        unpack8(vraw[ch], vv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vv[k]; }
+        st_f8(dslot + (gi + ch * 256), dv[ch]);
+        st_bf8(dslotX + (gi + ch * 256), dv[ch]);
+    }
+}
+
+// v12's gather indexes with 32-bit unsigned element indices and takes a slot's readers
+// from one register per lane: slot k fits when it has at most 32 readers and every index
+// does (J N C into G, J N H into lse and S, N H nrp into dsr: each < 2^31)
+static bool v12_fits(const Prob &P, int k) {
+    const size_t lim = (size_t)1 << 31, J = P.J, N = P.N, C = P.C, H = P.H;
+    return P.nr[k] <= 32 && J * N * C < lim && J * N * H < lim && N * H * (size_t)((P.nmax + 3) & ~3) < lim;
+}
+
+// v12's index math (the g12_* functions the kernel calls) against v11's formulas, on every
+// shape the lab runs (--check's 8 configs; --bench's 100M shapes, full mode and block S = 4, at
+// C = 512 and 1024 and every H built): for each slot, reader, lane and chunk, the G pack and qg
+// channels read, the lse and S entries (the entry a lane reads from the stage is the one the
+// lane at that slot copied), the dsr entry written; that reader i's copy goes to the stage read
+// at iteration i and not to a stage still pending or in use; that lane l holds reader l; and
+// v12_fits. Positions: all of them at --check's N, 0..63 and the last 64 at 100M.
+static bool selftest_v12_index(void) {
+    struct Shape { int L, S, C, H, N; };
+    std::vector<Shape> shapes = {{2, 1, 512, 8, 77},  {3, 1, 512, 1, 200}, {3, 2, 512, 4, 130}, {4, 3, 512, 16, 97},
+                                 {12, 1, 512, 8, 96}, {12, 4, 512, 2, 50}, {2, 1, 1024, 8, 40}, {2, 1, 1024, 1, 33}};
+    for (int C : {512, 1024}) {
+        for (int H : {1, 2, 4, 8, 16}) {
+            shapes.push_back({12, 1, C, H, 16 * 2048});
+            shapes.push_back({12, 4, C, H, 16 * 2048});
+        }
+    }
+    long long checked = 0, bad = 0;
+    for (const Shape &sh : shapes) {
+        Prob P = make_prob(sh.L, sh.S, sh.C, sh.H, sh.N);
+        const int C = sh.C, H = sh.H, N = sh.N, NCH = C / 256, HC = C / H;
+        const unsigned NC = (unsigned)((size_t)N * C), NH = (unsigned)((size_t)N * H);
+        std::vector<int> ts;
+        for (int t = 0; t < N; t++) { if (N <= 256 || t < 64 || t >= N - 64) { ts.push_back(t); } }
+        auto fail = [&](const char *what, int k, int jj, int t, int lane) {
+            if (bad++ < 5) { printf("  v12 index: %s (L=%d S=%d C=%d H=%d N=%d slot %d reader %d t %d lane %d)\n", what, sh.L, sh.S, C, H, N, k, jj, t, lane); }
+        };
+        for (int k = 0; k < P.J; k++) {
+            if (!v12_fits(P, k)) { fail("v12_fits refuses a lab shape", k, -1, -1, -1); continue; }
+            const int nr = P.nr[k], nrp = (nr + 3) & ~3;
+            const int *rd = &P.rd[(size_t)k * P.J];
+            for (int jj = 0; jj < nr + ROUTE_RING - 1; jj++) {   // the issue schedule: reader i at iteration i - 3
+                const int later[ROUTE_RING - 1] = {jj, jj + 1, jj + 2};   // stages read at jj, or pending, when jj + 3 is issued
+                for (int x : later) { if (g12_stage(jj + ROUTE_RING - 1) == g12_stage(x)) { fail("stage overwritten while in use", k, jj, -1, -1); } }
+                if (jj < nr && g12_src_lane(jj) != jj) { fail("reader's lane", k, jj, -1, -1); }
+            }
+            for (int jj = 0; jj < nr; jj++) {
+                const unsigned j = (unsigned)rd[jj];
+                for (int t : ts) {
+                    const size_t row = (size_t)j * N + t;
+                    for (int lane = 0; lane < 32; lane++) {
+                        checked++;
+                        const unsigned gi = g12_row((unsigned)t, lane, C);
+                        const int hd0 = (lane * 8) / HC;
+                        for (int ch = 0; ch < NCH; ch++) {
+                            const int hd = (ch * 256 + lane * 8) / HC, hoff = ch * 256 / HC;
+                            if ((size_t)(g12_add(gi, j, NC) + ch * 256) != row * C + ch * 256 + lane * 8) { fail("G pack", k, jj, t, lane); }
+                            if ((size_t)(gi + ch * 256) != (size_t)t * C + ch * 256 + lane * 8) { fail("v / dslot", k, jj, t, lane); }
+                            if ((size_t)(g12_add((unsigned)lane * 8, j, (unsigned)C) + ch * 256) != (size_t)j * C + ch * 256 + lane * 8) { fail("qg", k, jj, t, lane); }
+                            if (hd != hd0 + hoff) { fail("chunk's head", k, jj, t, lane); }
+                            const int src = hd0 + hoff;   // the stage slot read: copied by lane src
+                            if (src < 0 || src >= 32 || (size_t)g12_add(g12_ls((unsigned)t, src, H), j, NH) != row * H + hd) { fail("lse / S entry", k, jj, t, lane); }
+                            const unsigned dsr_new = g12_dsr((unsigned)t, H, nrp) + (unsigned)(hd0 * nrp) + (unsigned)(hoff * nrp + jj);
+                            if ((size_t)dsr_new != dsr_th_at(t, hd, jj, H, nrp)) { fail("dsr entry", k, jj, t, lane); }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    printf("  v12 gather index math vs v11's (%zu shapes, %lld (slot, reader, position, lane) cases): %s\n", shapes.size(),
+           checked, bad == 0 ? "PASS" : "FAIL");
+    return bad == 0;
+}
+
 // Gather v9 (v10: the same at 3 blocks/SM): v8's ring gather with fewer
 // instructions per reader, since the trainer's ring gather is bound by
 // instruction issue (ncu: 0.72 issued warps per scheduler at 40% of DRAM):
@@ -2503,6 +2760,19 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
+        } else if (ver == 12) {   // v11's gather, leaner (route_gather_v12_kernel)
+            constexpr size_t smem = ring_smem12<C>();
+            static bool limit_set = false;
+            if (!v12_fits(P, k)) {
+                fprintf(stderr, "error: v12's gather needs nr <= 32 (slot %d has %d) and J N C, J N H, N H nrp < 2^31\n",
+                        k, P.nr[k]);
+                exit(1);
+            }
+            ring_smem_limit(route_gather_v12_kernel<C, H>, smem, limit_set);
+            route_gather_v12_kernel<C, H><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                     d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                                                                     d.rd + k * P.J, P.nr[k], d.qg, P.N,
+                                                                     (unsigned)(N * C), (unsigned)(N * H));
         } else if (ver == 11) {   // v8's gather, dsr written as (N, H, nrp) for v11's q/gamma pass
             constexpr size_t smem = ring_smem<C>();
             static bool limit_set = false;
@@ -2652,7 +2922,7 @@ template <int CPT> static void param_v11(const Prob &P, const Dev &d, int k, uns
 static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const float *dsr) {
     const size_t N = P.N, C = P.C, H = P.H;
     const unsigned np = cdiv(N, PART_ROWS45);
-    if (ver == 11) {
+    if (ver >= 11) {   // v11, v12
         if ((C / H) % 2 == 0) { param_v11<2>(P, d, k, np); }   // two channels a thread, of one head
         else { param_v11<1>(P, d, k, np); }
     } else if (ver >= 5) {
@@ -2792,7 +3062,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.dsr, 0xFF, dsr_count(P) * 4));
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
-    if (ver == 11) { poison11(); }
+    if (ver >= 11) { poison11(); }
     run_forward(ver, P, d, ks, true);
     CK(cudaDeviceSynchronize());
     run_backward(ver, P, d, ks);
@@ -2805,8 +3075,8 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // v11: the same, with its q/gamma pass copying v by plain loads (the fallback for rows not in
     // 16-byte chunks, never taken at the lab's shapes): same sums, so bit for bit too
     bool same = true;
-    if (ver == 7 || ver == 11) {
-        if (ver == 11) {
+    if (ver == 7 || ver >= 11) {
+        if (ver >= 11) {
             poison11();
             CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4)); CK(cudaMemset(d.dq, 0xFF, J * C * 4));
             CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
@@ -2965,7 +3235,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 11; ver++) {
+    for (int ver = 1; ver <= 12; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -3011,8 +3281,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 11 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..11) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 12 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..12) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -3021,7 +3291,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 11 : std::max(ver, std::min(vmax, 11));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 12 : std::max(ver, std::min(vmax, 12));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

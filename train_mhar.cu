@@ -2457,6 +2457,11 @@ void route_site_backward(floatX *G, float *S, float *dg, float *part, const floa
 // unlike a load)
 __device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
+// The gather hands ds r to the q/gamma pass as dsr (N, H, nrp): the readers of
+// each (position, head) padded to a multiple of 4, so that the pass reads four
+// of them per 16-byte load. nrp for a slot of nr readers:
+__host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
+
 // Gradient of slot k from the nr sites j that read it (lab v3, the gather),
 // one warp per position. SPEC section 4's site backward, summed over the sites:
 //   dslot_k = sum_j [ r ds_j qg_j + a_j G_j ] - (r^3 / C) (sum_j u_j . v) v,
@@ -2570,7 +2575,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[ch][k], fmaf(rds, qv[ch][k], dv[ch][k])); }
             if (first[ch]) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * H + hd[ch]) * ((nr + 3) & ~3) + jj] = rds;   // (N, H, nrp)
+                dsr[((size_t)t * H + hd[ch]) * route_nrp(nr) + jj] = rds;   // (N, H, nrp)
             }
         }
     }
@@ -2615,7 +2620,7 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
                         int H, int tp) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int CB = 256 * CPT, VE = 16 / sizeof(floatX);   // channels per block; floatX per 16 bytes
-    const int nrp = (nr + 3) & ~3, p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
+    const int nrp = route_nrp(nr), p = blockIdx.y, cb0 = blockIdx.x * CB, HC = C / H;
     const size_t dsrow = (size_t)H * nrp;                       // floats of dsr per position
     const size_t stage = (size_t)tp * (CB * sizeof(floatX) + dsrow * sizeof(float));   // bytes per stage
     const int cl = threadIdx.x * CPT, c = cb0 + cl, hd = c < C ? c / HC : 0;
@@ -2702,7 +2707,7 @@ route_slot_param_kernel(float *part, const float *__restrict__ dsr, const floatX
 // (two stages): the largest power of two up to 32 whose two stages fit in 96 KB
 // (so that two blocks share an SM)
 static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
-    const size_t row = 256 * (size_t)CPT * sizeof(floatX) + (size_t)H * ((nr + 3) & ~3) * sizeof(float);
+    const size_t row = 256 * (size_t)CPT * sizeof(floatX) + (size_t)H * route_nrp(nr) * sizeof(float);
     int tp = 32;
     while (tp > 1 && 2 * tp * row > 96 * 1024) { tp /= 2; }
     *smem = 2 * tp * row;
@@ -3228,7 +3233,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmg, N * F, X},
         {(void **)&g->dmu, N * F, X},
         {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
-        {(void **)&g->route_dsr, mhar ? N * c->H * ((J + 3) & ~3) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
+        {(void **)&g->route_dsr, mhar ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};

@@ -14,7 +14,7 @@ Run:
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
     --vmax M                        with --version N: versions N..M (inputs drawn once)
-    ./route --all                   --check and --bench of every version
+    ./route --all                   --check and --bench of every version (1..13)
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
 What is timed: a whole-model routing pass with the sublayers replaced by fixed
@@ -98,6 +98,22 @@ Versions (NOTES_route.md has the byte counts and predictions):
       Checks as v11's (poisoning, the repeat with the plain v copy); expected but
       not required: hashes equal to v11's. --cpu-selftest checks its index math
       against v11's on every lab shape.
+  v13 v12's backward with a grouped forward (issue 5, "two-phase forward";
+      written 2026-11-30, NOT YET RUN on a GPU): the queries do not depend on
+      the input, so site j's kernel (route_fwd_v13_kernel<C, H, KX>) also runs
+      the online softmax of the next KX sites over its own sources when their
+      lists start with them, and stores each as a partial: hbar = acc / l
+      (N, C) fp32 and lse_p = m + log l (N, H) fp32; those sites start from it
+      (max lse_p, sum 1, mix hbar) and read only their remaining sources.
+      Groups: route_fwd_plan (common/config.h, the trainer's planner too), by
+      bytes for --bench and --bytes, wherever the slots allow for --check. The
+      extra sites' qg in shared memory; KX <= 3 at C = 512, <= 2 at C = 1024
+      (no spills). The kernel writes no a: --check recomputes it from the stored
+      lse (route_a_kernel), as the backward does. The partials live in Gb (the
+      backward's G rows, free during the forward) when they fit, as the
+      trainer's live in route_G; --check poisons them first. --cpu-selftest
+      checks the plans on every L <= 13 and S, and the partials' algebra in
+      float64.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -125,6 +141,9 @@ v11 (double-buffered q/gamma pass): compiled and emulated on the host only
 (--cpu-selftest: the pass's schedule and indexing against a float64 sum);
 NOTES_route.md, "v11", has the device command.
 v12 (leaner gather): compiled only; NOTES_route.md, "v12", has the device command.
+v13 (grouped forward): compiled and CPU-self-tested only, NOT YET RUN on a GPU;
+forward bytes at 100M full mode 411.9 -> 257.4 KB/token (NOTES_route.md, "v13:
+grouped forward", has the device command).
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -192,6 +211,9 @@ struct Prob {
     // not read k), ib = its index among lo's readers (-1: none, or k has no lo).
     std::vector<int> v7_lo, v7_hi, v7_nu, v7_ul;
     int v7_pairs = 0, v7_rows = 0;   // pairs made; G rows read by all passes (v5: P)
+    // v13 plan (grouped forward; build_v13_plan): lead13[j] = the first site of j's group
+    std::vector<int> lead13;
+    int v13_starts = 0, v13_rows = 0;   // sites that start from a partial; source rows read (v12: P)
 };
 
 // index of x in the nr-long row, -1 when absent
@@ -244,6 +266,27 @@ static void build_v7_plan(Prob &p, double min_gain) {
     }
 }
 
+// v13's most extra sites a kernel runs, per C: the largest KX whose
+// route_fwd_v13_kernel compiles without spills at every H (ptxas -v, sm_90a;
+// NOTES_route.md "v13"), at most 3. v13_kmax: the most sites a group.
+template <int C> constexpr int v13_kx_max() { return C <= 512 ? 3 : 2; }
+static int v13_kmax(int C) { return 1 + (C <= 512 ? v13_kx_max<512>() : v13_kx_max<1024>()); }
+
+// v13's groups (route_fwd_plan in config.h, bf16 sources): by bytes, or every
+// group the slots allow (all: --check and the self-test, to run every kind of site)
+static void build_v13_plan(Prob &p, int kmax, bool all) {
+    p.lead13.assign(p.J, 0);
+    p.v13_starts = route_fwd_plan(p.J, p.n.data(), p.src.data(), p.J, p.C, p.H, 2, kmax, all ? 1 : 0, p.lead13.data());
+    p.v13_rows = 0;
+    for (int j = 0; j < p.J; j++) { p.v13_rows += p.n[j] - (p.lead13[j] == j ? 0 : p.n[p.lead13[j]]); }
+}
+// the extra sites of leader j (0 when j is not a leader)
+static int v13_extra(const Prob &p, int j) {
+    int x = 0;
+    while (p.lead13[j] == j && j + x + 1 < p.J && p.lead13[j + x + 1] == j) { x++; }
+    return x;
+}
+
 // full_lists: build the full-mode lists 0..j by hand instead of site_sources
 // (the self-test compares the two for S = 1).
 static Prob make_prob(int L, int S, int C, int H, int N, bool full_lists = false) {
@@ -274,6 +317,7 @@ static Prob make_prob(int L, int S, int C, int H, int N, bool full_lists = false
     p.nmax = 0;
     for (int j = 0; j < p.J; j++) { p.nmax = std::max(p.nmax, std::max(p.n[j], p.nr[j])); }
     build_v7_plan(p, 0.0);
+    build_v13_plan(p, v13_kmax(C), false);
     return p;
 }
 
@@ -725,6 +769,7 @@ static bool selftest_v7_numeric(int L, int S, int C, int H, int N, uint64_t seed
 
 static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool force_sync, uint64_t seed);   // below
 static bool selftest_v12_index(void);   // below
+static bool selftest_v13(uint64_t seed);   // below
 
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
@@ -752,6 +797,7 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v11_param(512, 2, 33, 200, 0, true, seed + 20);     // the plain copy forced, a group of 1 reader
     ok &= selftest_v11_param(512, 1, 1, 129, 8, false, seed + 21);
     ok &= selftest_v12_index();   // v12's gather: its index math against v11's on every lab shape
+    ok &= selftest_v13(seed + 22);   // v13's plans on every L, S, and its partials' algebra in float64
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -801,6 +847,9 @@ static Bytes count_bytes(const Prob &P, int ver) {
                 + 2 * J * npart * F;                   // its partials
     } else {
         b.fwd = stats + N * (Pp * (V + 4) + J * (V + V + 4 + H * 4));   // sources, r; h, u, rstd, lse
+        if (ver == 13) {   // the plan's source rows; each partial (mix and lse) written, then read
+            b.fwd += N * ((P.v13_rows - Pp) * (V + 4) + P.v13_starts * 2 * (F + H * 4));
+        }
         if (ver == 2) {
             b.bwd = N * J * F                          // memset dslots
                     + N * J * (F + V + 4 + H * 4)      // dU, h, rstd, lse
@@ -1255,6 +1304,190 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf1
             float *ax = a + (size_t)t * H * n + x;
             *ax = expf(*ax - lse[(size_t)t * H + x / n]);
         }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// v13: grouped forward (issue 5, "two-phase forward"). Groups come from
+// route_fwd_plan (config.h): site j leads a group of 1 + KX sites j .. j+KX,
+// whose source lists start with site j's n sources (slots written before site
+// j). While it reads those sources, site j's kernel also runs the online
+// softmax of each extra site j+x (x = 1..KX, its own qg) and stores it as a
+// partial: hbar = acc / l (N, C) fp32 and lse_p = m + log l (N, H) fp32.
+// Site j+x's kernel then starts from its partial (running max lse_p, sum 1,
+// mix hbar) and reads only its sources from index n_j on. Same math, other
+// summation order; the partials add no bf16 rounding.
+
+// The extra sites' qg in shared memory, after the ring: float4 [KX][NCH][2][32]
+// (lane l's channels ch*256 + 8l .. +4, then +4 .. +8: a warp's 16-byte loads
+// cover 512 consecutive bytes, no bank conflict).
+template <int C, int KX> constexpr size_t fwd13_smem() { return ring_smem<C>() + (size_t)KX * C * sizeof(float); }
+template <int C> __device__ __forceinline__ float4 *fwd13_qgx() {   // (at ring_smem<C>())
+    return reinterpret_cast<float4 *>(ring_smem_raw + (size_t)8 * ROUTE_RING * ((C / 256) * 32 * sizeof(uint4) + sizeof(float)));
+}
+
+// Site forward as v8's (route_fwd_v2_kernel<C, H, true>), plus:
+//   KX > 0: the extra sites' softmax over this site's n sources, from their q,
+//     gamma qx, gmx (KX, C); partials out: ph (KX, N, C), pl (KX, N, H).
+//   inh != NULL: this site starts from a partial inh (N, C), inl (N, H); src,
+//     n are then its sources after the leader's.
+// a is not written (check_config recomputes it from lse: route_a_kernel).
+template <int C, int H, int KX>
+__global__ void __launch_bounds__(256, KX == 0 ? (C <= 512 ? 3 : 1) : (C <= 512 ? 2 : 1))
+route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16 *__restrict__ slots,
+                     const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ q,
+                     const float *__restrict__ gm, const float *__restrict__ g, const float *__restrict__ qx,
+                     const float *__restrict__ gmx, float *ph, float *pl, const float *__restrict__ inh,
+                     const float *__restrict__ inl, int N) {
+    constexpr int NCH = Geo<C, H>::NCH;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if constexpr (KX > 0) {   // every thread of the block, before any returns
+        float4 *qs = fwd13_qgx<C>();
+        for (int i = threadIdx.x; i < KX * C / 4; i += blockDim.x) {
+            const int x = i / (C / 4), c = (i % (C / 4)) * 4;   // channel c of extra site x
+            const float4 a = *reinterpret_cast<const float4 *>(qx + x * C + c);
+            const float4 b = *reinterpret_cast<const float4 *>(gmx + x * C + c);
+            qs[((x * NCH + c / 256) * 2 + (c % 8) / 4) * 32 + (c % 256) / 8] =
+                make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+        }
+        __syncthreads();
+    }
+    if (t >= N) { return; }
+    float qg[NCH][8], acc[NCH][8], m[NCH], l[NCH];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 256 + lane * 8;
+        float qa[8], ga[8];
+        ld_f8(q + c0, qa);
+        ld_f8(gm + c0, ga);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k]; }
+        if (inh != nullptr) {   // from the partial: sum 1 at the running max lse_p, mix hbar
+            ld_f8(inh + (size_t)t * C + c0, acc[ch]);
+            m[ch] = inl[(size_t)t * H + head_of<C, H>(ch, lane)]; l[ch] = 1.0f;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { acc[ch][k] = 0.0f; }
+            m[ch] = -INFINITY; l[ch] = 0.0f;
+        }
+    }
+    float xacc[KX > 0 ? KX : 1][NCH][8], xm[KX > 0 ? KX : 1][NCH], xl[KX > 0 ? KX : 1][NCH];   // the extra sites'
+#pragma unroll
+    for (int x = 0; x < KX; x++) {
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { xacc[x][ch][k] = 0.0f; }
+            xm[x][ch] = -INFINITY; xl[x][ch] = 0.0f;
+        }
+    }
+    for (int i = 0; i < ROUTE_RING - 1; i++) { fwd_ring_issue<C>(i, n, src, slots, r, N, t, lane); }
+    for (int i = 0; i < n; i++) {
+        uint4 cur[NCH];
+        float e[NCH], ri;
+        cp_async_wait<ROUTE_RING - 2>();
+        __syncwarp();
+        const int st = i & (ROUTE_RING - 1);
+        const uint4 *ring = ring_packs<C>();
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { cur[ch] = ring[(st * NCH + ch) * 32 + lane]; }
+        ri = ring_floats<C>()[st];
+        fwd_ring_issue<C>(i + ROUTE_RING - 1, n, src, slots, r, N, t, lane);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float v[8], d = 0.0f;
+            unpack8(cur[ch], v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { d += qg[ch][k] * v[k]; }
+            e[ch] = d;
+        }
+        head_sum<C, H>(e);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float s = ri * e[ch], mn = fmaxf(m[ch], s), v[8];
+            float sc = expf(m[ch] - mn), p = expf(s - mn);
+            l[ch] = l[ch] * sc + p;
+            unpack8(cur[ch], v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { acc[ch][k] = acc[ch][k] * sc + p * v[k]; }
+            m[ch] = mn;
+        }
+#pragma unroll
+        for (int x = 0; x < KX; x++) {   // the same update for each extra site, its qg from shared memory
+            const float4 *qs = fwd13_qgx<C>() + x * NCH * 64 + lane;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const float4 a = qs[ch * 64], b = qs[ch * 64 + 32];
+                float v[8];
+                unpack8(cur[ch], v);
+                e[ch] = a.x * v[0] + a.y * v[1] + a.z * v[2] + a.w * v[3] + b.x * v[4] + b.y * v[5] + b.z * v[6] +
+                        b.w * v[7];
+            }
+            head_sum<C, H>(e);
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float s = ri * e[ch], mn = fmaxf(xm[x][ch], s), v[8];
+                float sc = expf(xm[x][ch] - mn), p = expf(s - mn);
+                xl[x][ch] = xl[x][ch] * sc + p;
+                unpack8(cur[ch], v);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { xacc[x][ch][k] = xacc[x][ch][k] * sc + p * v[k]; }
+                xm[x][ch] = mn;
+            }
+        }
+    }
+    // the extra sites' partials: hbar = acc / l, lse_p = m + log l
+#pragma unroll
+    for (int x = 0; x < KX; x++) {
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int c0 = ch * 256 + lane * 8;
+            const float inv = 1.0f / xl[x][ch];
+#pragma unroll
+            for (int k = 0; k < 8; k++) { xacc[x][ch][k] *= inv; }
+            st_f8(ph + ((size_t)x * N + t) * C + c0, xacc[x][ch]);
+            if (head_first<C, H>(ch, lane)) {
+                pl[((size_t)x * N + t) * H + head_of<C, H>(ch, lane)] = xm[x][ch] + logf(xl[x][ch]);
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float inv = 1.0f / l[ch];
+#pragma unroll
+        for (int k = 0; k < 8; k++) { acc[ch][k] *= inv; ss += acc[ch][k] * acc[ch][k]; }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 256 + lane * 8;
+        float gw[8], uu[8];
+        ld_f8(g + c0, gw);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { uu[k] = acc[ch][k] * rs * gw[k]; }
+        st_bf8(hout + (size_t)t * C + c0, acc[ch]);
+        st_bf8(uout + (size_t)t * C + c0, uu);
+        if (head_first<C, H>(ch, lane)) { lse[(size_t)t * H + head_of<C, H>(ch, lane)] = m[ch] + logf(l[ch]); }
+    }
+    if (lane == 0) { rstd[t] = rs; }
+}
+
+// The weights a (N, H, n) of one site from its sources and stored lse (N, H), as
+// the backward recomputes them: a = exp(r_i qg.v_i[h] - lse[h]). One thread per
+// (position, head); for --check of versions whose forward does not write a (v13).
+__global__ void route_a_kernel(float *a, const float *lse, const bf16 *slots, const float *r, const int *src, int n,
+                               const float *q, const float *gm, int N, int C, int H) {
+    const int x = blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= N * H) { return; }
+    const int t = x / H, hh = x % H, HC = C / H;
+    for (int i = 0; i < n; i++) {
+        const size_t row = (size_t)src[i] * N + t;
+        float e = 0.0f;
+        for (int c = hh * HC; c < (hh + 1) * HC; c++) { e += q[c] * gm[c] * __bfloat162float(slots[row * C + c]); }
+        a[(size_t)x * n + i] = expf(r[row] * e - lse[x]);
     }
 }
 
@@ -1916,6 +2149,111 @@ static bool v12_fits(const Prob &P, int k) {
 // lane at that slot copied), the dsr entry written; that reader i's copy goes to the stage read
 // at iteration i and not to a stage still pending or in use; that lane l holds reader l; and
 // v12_fits. Positions: all of them at --check's N, 0..63 and the last 64 at 100M.
+// v13's plans (route_fwd_plan, config.h; the trainer uses the same function) on
+// every L <= 13 and S, kmax 1..4, both rules: groups are runs of consecutive
+// sites, at most kmax long; every member's list starts with its leader's,
+// strictly shorter one, of slots written before the leader (<= it); by bytes,
+// never more bytes than no groups. Then the grouped forward in float64 (the
+// leader's partials hbar = acc / l and lse_p = m + log l, a member's online
+// softmax started from them) against ref_forward's h and lse, every group the
+// slots allow.
+static bool selftest_v13(uint64_t seed) {
+    bool ok = true;
+    int plans = 0, bad = 0;
+    for (int L = 1; L <= 13; L++) {
+        for (int S = 1; S <= 2 * L + 1; S++) {
+            for (int kmax = 1; kmax <= 4; kmax++) {
+                for (int all = 0; all <= 1; all++) {
+                    for (int wide = 0; wide <= 1; wide++) {
+                        Prob P = make_prob(L, S, wide ? 512 : 32, wide ? 8 : 1, 1);
+                        build_v13_plan(P, kmax, all != 0);
+                        const int J = P.J;
+                        double bytes = 0, bytes1 = 0;
+                        const double row = 2.0 * P.C + 4, part = 8.0 * (P.C + P.H);
+                        bool good = true;
+                        int starts = 0;
+                        for (int j = 0; j < J; j++) {
+                            const int ld = P.lead13[j];
+                            bytes1 += P.n[j] * row;
+                            good = good && ld <= j && j - ld < kmax && (ld == j || P.lead13[j - 1] == ld);
+                            if (ld == j) { bytes += P.n[j] * row; continue; }
+                            starts++;
+                            good = good && P.n[j] > P.n[ld];
+                            for (int i = 0; i < P.n[ld]; i++) {
+                                good = good && P.src[(size_t)j * J + i] == P.src[(size_t)ld * J + i] &&
+                                       P.src[(size_t)ld * J + i] <= ld;
+                            }
+                            bytes += (P.n[j] - P.n[ld]) * row + part;
+                        }
+                        good = good && starts == P.v13_starts && (kmax > 1 || starts == 0) &&
+                               (all || bytes <= bytes1);
+                        plans++;
+                        if (!good && bad++ < 5) { printf("  v13 plan L=%d S=%d kmax=%d all=%d C=%d: FAIL\n", L, S, kmax, all, P.C); }
+                        ok = ok && good;
+                    }
+                }
+            }
+        }
+    }
+    printf("v13 plans: %d plans checked, %s\n", plans, ok ? "ok" : "FAIL");
+    struct { int L, S, C, H, N; } cfgs[] = {{12, 1, 32, 4, 3}, {6, 2, 16, 2, 3}, {5, 3, 16, 1, 2}, {4, 1, 64, 8, 2}};
+    int k = 0;
+    for (auto &c : cfgs) {
+        Prob P = make_prob(c.L, c.S, c.C, c.H, c.N);
+        build_v13_plan(P, 4, true);
+        HostIn in = make_inputs(P, seed + 100 * (k++));
+        std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g);
+        Ref R;
+        ref_forward(P, slots.data(), q.data(), gm.data(), g.data(), EMU_EXACT, R);
+        const int J = P.J, C = c.C, H = c.H, HC = C / H;
+        const size_t N = c.N;
+        // the online softmax of one (site, position, head): max m, sum l, unnormalised mix acc (HC)
+        struct St { double m, l; std::vector<double> acc; };
+        auto step = [&](St &st, int j, size_t t, int hh, int slot) {
+            const double *v = &slots[((size_t)slot * N + t) * C + hh * HC];
+            double e = 0;
+            for (int cc = 0; cc < HC; cc++) { e += q[j * C + hh * HC + cc] * gm[j * C + hh * HC + cc] * v[cc]; }
+            const double sc = R.r[(size_t)slot * N + t] * e, mn = std::max(st.m, sc);
+            const double f = exp(st.m - mn), p = exp(sc - mn);
+            st.l = st.l * f + p;
+            for (int cc = 0; cc < HC; cc++) { st.acc[cc] = st.acc[cc] * f + p * v[cc]; }
+            st.m = mn;
+        };
+        std::vector<double> hbar((size_t)J * N * C), lsep((size_t)J * N * H);   // the partial of site j (a member)
+        double eh = 0, el = 0;
+        for (int j = 0; j < J; j++) {
+            const int ld = P.lead13[j], n0 = ld == j ? 0 : P.n[ld];
+            for (size_t t = 0; t < N; t++) {
+                for (int hh = 0; hh < H; hh++) {
+                    St st{-INFINITY, 0, std::vector<double>(HC, 0.0)};
+                    if (ld != j) {   // from the partial
+                        st.m = lsep[((size_t)j * N + t) * H + hh]; st.l = 1;
+                        for (int cc = 0; cc < HC; cc++) { st.acc[cc] = hbar[((size_t)j * N + t) * C + hh * HC + cc]; }
+                    }
+                    for (int i = n0; i < P.n[j]; i++) { step(st, j, t, hh, P.src[(size_t)j * J + i]); }
+                    for (int x = j + 1; ld == j && x < J && P.lead13[x] == j; x++) {   // the leader's partials
+                        St sx{-INFINITY, 0, std::vector<double>(HC, 0.0)};
+                        for (int i = 0; i < P.n[j]; i++) { step(sx, x, t, hh, P.src[(size_t)j * J + i]); }
+                        for (int cc = 0; cc < HC; cc++) { hbar[((size_t)x * N + t) * C + hh * HC + cc] = sx.acc[cc] / sx.l; }
+                        lsep[((size_t)x * N + t) * H + hh] = sx.m + log(sx.l);
+                    }
+                    for (int cc = 0; cc < HC; cc++) {
+                        const double ref = R.h[((size_t)j * N + t) * C + hh * HC + cc];
+                        eh = std::max(eh, fabs(st.acc[cc] / st.l - ref) / std::max(fabs(ref), 1e-3));
+                    }
+                    el = std::max(el, fabs(st.m + log(st.l) - R.lse[((size_t)j * N + t) * H + hh]));
+                }
+            }
+        }
+        const bool good = eh < 1e-12 && el < 1e-12;
+        ok = ok && good;
+        printf("v13 grouped forward, float64, L=%d S=%d C=%d H=%d N=%d: %d of %d sites from a partial, "
+               "h max rel err %.1e, lse max abs err %.1e: %s\n", c.L, c.S, c.C, c.H, c.N, P.v13_starts, J, eh, el,
+               good ? "ok" : "FAIL");
+    }
+    return ok;
+}
+
 static bool selftest_v12_index(void) {
     struct Shape { int L, S, C, H, N; };
     std::vector<Shape> shapes = {{2, 1, 512, 8, 77},  {3, 1, 512, 1, 200}, {3, 2, 512, 4, 130}, {4, 3, 512, 16, 97},
@@ -2693,6 +3031,8 @@ struct Dev {
     float *part7, *T7, *dsr7; int *ul7;                   // v7: lo's partial (N, C), its u.v sum (N), lo's dsr
                                                           // (N, nmax, H), the passes' entries (J, J, 3)
     int *src, *nsrc, *rd;                                 // (J, J), (J), (J, J)
+    float *p13h, *p13l; float *p13own;                    // v13: partials (kmax-1, N, C), (kmax-1, N, H), in Gb
+                                                          // when they fit (as the trainer's in route_G), else p13own
 };
 
 struct KernelSet {   // the templated kernels of one (C, H)
@@ -2702,6 +3042,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*gather3)(const Prob &, const Dev &, int k);
     void (*gather45)(const Prob &, const Dev &, int k, int ver);
     void (*gather7)(const Prob &, const Dev &, int k);
+    void (*fwd13)(const Prob &, const Dev &, int j);
 };
 
 template <int C, int H> struct Impl {
@@ -2760,7 +3101,7 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
-        } else if (ver == 12) {   // v11's gather, leaner (route_gather_v12_kernel)
+        } else if (ver == 12 || ver == 13) {   // v11's gather, leaner (route_gather_v12_kernel); v13's too
             constexpr size_t smem = ring_smem12<C>();
             static bool limit_set = false;
             if (!v12_fits(P, k)) {
@@ -2821,7 +3162,32 @@ template <int C, int H> struct Impl {
         }
         LAUNCH_CHECK();
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7}; }
+    // v13: site j by its group in P.lead13: a leader with its extra sites, a site
+    // that starts from its partial, or a site alone (KX = 0, no partial: v8's math)
+    template <int KX> static void fwd13_launch(const Prob &P, const Dev &d, int j) {
+        const size_t N = P.N;
+        constexpr size_t smem = fwd13_smem<C, KX>();
+        static bool limit_set = false;
+        ring_smem_limit(route_fwd_v13_kernel<C, H, KX>, smem, limit_set);
+        const int ld = P.lead13[j], n0 = ld == j ? 0 : P.n[ld];   // n0: sources in the partial
+        const float *inh = ld == j ? nullptr : d.p13h + (size_t)(j - ld - 1) * N * C;
+        const float *inl = ld == j ? nullptr : d.p13l + (size_t)(j - ld - 1) * N * H;
+        route_fwd_v13_kernel<C, H, KX><<<cdiv(N, 8), 256, smem>>>(
+            d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H, d.slots, d.r, d.src + j * P.J + n0,
+            P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C, d.q + (j + 1) * C, d.gm + (j + 1) * C, d.p13h, d.p13l,
+            inh, inl, P.N);
+        LAUNCH_CHECK();
+    }
+    static void fwd13(const Prob &P, const Dev &d, int j) {
+        constexpr int XM = v13_kx_max<C>();
+        const int kx = v13_extra(P, j);
+        if (kx == 0) { fwd13_launch<0>(P, d, j); }
+        else if (kx == 1 && XM >= 1) { fwd13_launch<1>(P, d, j); }
+        else if (kx == 2 && XM >= 2) { fwd13_launch<XM >= 2 ? 2 : 0>(P, d, j); }
+        else if (kx == 3 && XM >= 3) { fwd13_launch<XM >= 3 ? 3 : 0>(P, d, j); }
+        else { fprintf(stderr, "error: v13: %d extra sites at C=%d (at most %d built)\n", kx, C, XM); exit(1); }
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -2862,6 +3228,12 @@ static Dev dev_alloc(const Prob &P) {
     d.gpart45 = dalloc<float>(cdiv(N, PART_ROWS45) * P.nmax * C);
     d.part7 = dalloc<float>(N * C); d.T7 = dalloc<float>(N); d.dsr7 = dalloc<float>(N * P.nmax * H);
     d.ul7 = dalloc<int>(J * J * 3);
+    // v13's partials, for groups of up to v13_kmax sites (any plan of this shape), in Gb when they fit:
+    // the forward's scratch in a backward buffer, as the trainer does with route_G
+    const size_t np13 = (size_t)(v13_kmax(P.C) - 1) * N * (C + H);
+    d.p13own = np13 * 4 <= J * N * C * 2 ? nullptr : dalloc<float>(np13);
+    d.p13h = d.p13own != nullptr ? d.p13own : reinterpret_cast<float *>(d.Gb);
+    d.p13l = d.p13h + (size_t)(v13_kmax(P.C) - 1) * N * C;
     CK(cudaMemcpy(d.ul7, P.v7_ul.data(), J * J * 3 * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.nsrc, P.n.data(), J * sizeof(int), cudaMemcpyHostToDevice));
@@ -2871,7 +3243,7 @@ static Dev dev_alloc(const Prob &P) {
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
                   d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
-                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7};
+                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -2895,6 +3267,14 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             LAUNCH_CHECK();
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
+        } else if (ver == 13) {
+            ks.fwd13(P, d, j);
+            if (want_a) {   // a from the stored lse (the kernel does not write it)
+                route_a_kernel<<<cdiv(N * H, 128), 128>>>(d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
+                                                          d.slots, d.r, d.src + j * P.J, P.n[j], d.q + j * C,
+                                                          d.gm + j * C, P.N, P.C, P.H);
+                LAUNCH_CHECK();
+            }
         } else {
             ks.fwd2(P, d, j, want_a, ver >= 8);
         }
@@ -3034,6 +3414,8 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // v7: pair every slot pair that shares a G row, not only those that save bytes (the byte rule
     // makes no pair at L=2): every config then runs both kinds of pass. The bench uses the byte rule.
     if (ver == 7) { build_v7_plan(P, -1e30); }
+    // v13: every group the slots allow (up to v13_kmax sites), not only those that save bytes
+    if (ver == 13) { build_v13_plan(P, v13_kmax(C), true); }
     KernelSet ks = kernel_set(C, H);
     HostIn in = make_inputs(P, seed);
     std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
@@ -3063,6 +3445,11 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
     if (ver >= 11) { poison11(); }
+    if (ver == 13) {   // its partials: a read of one never written gives NaN
+        CK(cudaMemset(d.p13h, 0xFF, (size_t)(v13_kmax(C) - 1) * NN * (C + H) * 4));
+        printf("v13 plan: %d of %d sites start from a partial, %d of %d source rows read\n", P.v13_starts, P.J,
+               P.v13_rows, P.P);
+    }
     run_forward(ver, P, d, ks, true);
     CK(cudaDeviceSynchronize());
     run_backward(ver, P, d, ks);
@@ -3235,7 +3622,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 12; ver++) {
+    for (int ver = 1; ver <= 13; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -3249,6 +3636,22 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     const double g7 = per_slot + P.v7_rows * row + dsr + P.v7_pairs * Nd * (V + 4 + 2 * F + 8);
     printf("  slot gather: v5 %d G rows %.2f GB (%.2f ms at 4.2 TB/s); v7 %d pairs, %d G rows %.2f GB (%.2f ms)\n",
            P.P, g5 / 1e9, g5 / 4.2e9, P.v7_pairs, P.v7_rows, g7 / 1e9, g7 / 4.2e9);
+    // v13's forward in source-row equivalents per token (a partial's mix, fp32, is 2 bf16 rows; written and
+    // read again: 4), for its plan (by bytes) and for groups wherever the slots allow (largest first)
+    Prob A = P;
+    build_v13_plan(A, v13_kmax(C), true);
+    const double pr = 2.0 * (F + 4.0 * H) / V;   // a partial, out and in, in rows
+    printf("  v13 forward, groups of up to %d sites: by bytes %d rows + %d partials = %.1f row equivalents; "
+           "wherever allowed %d rows + %d partials = %.1f (v12: %d rows)\n",
+           v13_kmax(C), P.v13_rows, P.v13_starts, P.v13_rows + P.v13_starts * pr, A.v13_rows, A.v13_starts,
+           A.v13_rows + A.v13_starts * pr, P.P);
+    printf("  v13 groups by bytes:");
+    for (int j = 0; j < P.J; j++) {
+        if (P.lead13[j] == j) { printf(" [%d", j); }
+        else { printf(" %d", j); }
+        if (j + 1 == P.J || P.lead13[j + 1] == j + 1) { printf("]"); }
+    }
+    printf("\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -3281,8 +3684,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 12 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..12) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 13 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..13) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -3291,7 +3694,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 12 : std::max(ver, std::min(vmax, 12));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 13 : std::max(ver, std::min(vmax, 13));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -274,6 +274,52 @@ static void check_zero_query_average(void) {
     free(slots);
 }
 
+// The CUDA trainer's routing forward groups (route_fwd_plan, config.h) on every
+// L <= 13 and S, groups of up to 1..4, by bytes and wherever allowed: runs of
+// consecutive sites, each member's sources start with its leader's (a strictly
+// shorter list, of slots written before the leader, <= it), no more bytes than
+// no groups; and the 100M figures (lab dev/cuda/route.cu --bytes, v13).
+static void check_fwd_plan(void) {
+    int bad = 0, plans = 0, src[27 * 27], n[27], lead[27];
+    for (int L = 1; L <= 13; L++) {
+        for (int S = 1; S <= 2 * L + 1; S++) {
+            Config c;
+            memset(&c, 0, sizeof(c));
+            c.mode = RES_MHAR; c.L = L; c.S = S; c.C = 512; c.H = 8;
+            int J = 2 * L + 1;
+            for (int j = 0; j < J; j++) { n[j] = site_sources(&c, j, src + j * J); }
+            for (int kmax = 1; kmax <= 4; kmax++) {
+                for (int all = 0; all <= 1; all++) {
+                    int starts = route_fwd_plan(J, n, src, J, c.C, c.H, 2, kmax, all, lead), count = 0, ok = 1;
+                    double bytes = 0, bytes1 = 0, row = 2.0 * c.C + 4, part = 8.0 * (c.C + c.H);
+                    for (int j = 0; j < J; j++) {
+                        int ld = lead[j];
+                        bytes1 += n[j] * row;
+                        ok = ok && ld <= j && j - ld < kmax && (ld == j || lead[j - 1] == ld);
+                        if (ld == j) { bytes += n[j] * row; continue; }
+                        count++;
+                        ok = ok && n[j] > n[ld];
+                        for (int i = 0; i < n[ld]; i++) { ok = ok && src[j * J + i] == src[ld * J + i] && src[ld * J + i] <= ld; }
+                        bytes += (n[j] - n[ld]) * row + part;
+                    }
+                    ok = ok && count == starts && (all || bytes <= bytes1) && (kmax > 1 || starts == 0);
+                    bad += !ok;
+                    plans++;
+                }
+            }
+        }
+    }
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.mode = RES_MHAR; c.L = 12; c.S = 1; c.C = 512; c.H = 8;
+    for (int j = 0; j < 25; j++) { n[j] = site_sources(&c, j, src + j * 25); }
+    int by_bytes = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 0, lead);
+    int everywhere = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 1, lead);
+    check(bad == 0 && by_bytes == 15 && everywhere == 18,
+          "routing forward groups: %d plans valid (%d bad); 100M full mode, groups of 4: %d (by bytes) and %d "
+          "(wherever allowed) of 25 sites start from a partial (want 15, 18)", plans - bad, bad, by_bytes, everywhere);
+}
+
 // ----------------------------------------------------------------------------
 // 3. The float32 trainer binary, run as a subprocess
 
@@ -731,6 +777,10 @@ static void check_gpu(void) {
     // 2e-2 is 2.5x the measured sensitivity, and still 50x under a bf16 fault.
     GpuPrecision flash[2] = {precs[0], precs[1]};
     flash[1].tol_train = 2e-2;
+    // The grouped routing forward (train_mhar.cu, route_fwd_plan) groups sites only where it saves
+    // bytes, which on these small models is almost nowhere: here it groups wherever the slots allow
+    // (bf16, VEC = 8 layouts: attnres, block S=4, the flash configs), unless MHAR_FWD_PLAN is set
+    setenv("MHAR_FWD_PLAN", "all", 0);
     // MHAR_GPU_QUICK=1 (for compute-sanitizer racecheck, which is slow): block
     // mode, and the bf16 flash configs at T = 150, only, 2 steps, no trainer
     // binaries. Block S=4 runs every GPU kernel but the flash ones.
@@ -774,6 +824,7 @@ int main(void) {
     check_naive("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
     check_naive("block S=3 H=1", tiny_config(RES_MHAR, 1, 3));
     check_zero_query_average();
+    check_fwd_plan();
 
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();

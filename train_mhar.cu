@@ -40,6 +40,7 @@ from all the sites that read it, in fp32, visiting the slots in reverse order:
 one (B, T, C) fp32 slot gradient at a time, written once.
 */
 #include <sys/resource.h>
+#include <type_traits>
 #include <sys/stat.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -2167,32 +2168,90 @@ void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n)
     launchCheck();
 }
 
+// The grouped forward (lab v13; route_fwd_plan in config.h makes the groups):
+// the kernel of a group's first site also runs the softmax of the next KX
+// sites over its own sources (their lists start with them) and stores each as
+// a partial: hbar = acc / l (N, C) fp32 and lse_p = m + log l (N, H) fp32.
+// Those sites' kernels (PART) start from it and read only their other sources.
+// The extra sites need the row ring with VEC = 8. Such a kernel keeps the qg
+// of its KX + 1 sites in shared memory after the ring, not in registers:
+// float4 [KX+1][NCH][2][32] (lane l's channels 8l .. 8l+4, then 8l+4 .. 8l+8
+// of each chunk: a warp's loads hit no bank twice). The most extra sites
+// per layout: the largest KX that compiles without spills (sm_90a, ptxas -v;
+// NOTES_route.md "v13 in the trainer"); 0 without the ring (fp32, VEC = 1).
+template <int VEC, int NCH> __host__ __device__ constexpr int route_fwd_kx_max() {
+    return route_ring<VEC>() && VEC == 8 && NCH <= 4 ? 3 : 0;
+}
+template <int VEC, int NCH, int KX> __host__ __device__ constexpr size_t route_fwd_smem() {
+    return route_ring_smem<VEC, NCH>() + (KX > 0 ? (size_t)(KX + 1) * NCH * 32 * VEC * sizeof(float) : 0);
+}
+// where the partials of extra site x start: hbar in ph, lse_p in pl (x = 0 .. KX-1)
+typedef struct { float *ph, *pl; } RoutePartials;
+
 // One site, fused (lab v2). Per position t (one warp): for each source i in
 // order, e = qg . v_i per head, s = r_i e, and an online-softmax update of the
 // running max m, sum l and unnormalised mix acc (fp32 registers); the sources
 // come through the row ring (bf16), or one source ahead in registers. Then
 // h = acc / l, lse = m + log l, and the site's RMSNorm: u = h * rstd * g, from
 // h rounded to floatX as it is stored (rstd from the fp32 h).
-template <int VEC, int NCH, int SEG>
-__global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
+// Grouped (above): KX > 0: also the online softmax of the KX sites whose qg
+// follow this site's in qg ((KX+1, C)) over these sources, and their partials
+// out, (KX, N, C) at out.ph and (KX, N, H) at out.pl. PART: start from the
+// partial hbar in.ph (N, C), lse_p in.pl (N, H). KX = 0 without PART is the
+// plain site kernel.
+template <int VEC, int NCH, int SEG, int KX = 0, bool PART = false>
+__global__ void __launch_bounds__(256, KX == 0 ? ROUTE_MIN_BLOCKS(VEC, NCH) : (NCH <= 2 ? 2 : 1))
 route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
                      const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ qg,
-                     const floatX *__restrict__ g, int N, RouteGeo geo) {
+                     const floatX *__restrict__ g, int N, RouteGeo geo, RoutePartials out, RoutePartials in) {
+    static_assert(KX <= route_fwd_kx_max<VEC, NCH>(), "extra sites need the ring (VEC = 8), and registers");
     constexpr int W = 32 * VEC;
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    extern __shared__ __align__(16) unsigned char route_smem[];
+    float4 *qgs = reinterpret_cast<float4 *>(route_smem + route_ring_smem<VEC, NCH>());   // (KX > 0)
+    if constexpr (KX > 0) {   // the sites' qg, zeros past C; every thread, before any returns
+        for (int i = threadIdx.x; i < (KX + 1) * NCH * 64; i += blockDim.x) {
+            const int x = i / (NCH * 64), c = (i % (NCH * 64)) / 64 * W + i % 32 * 8 + (i % 64) / 32 * 4;
+            qgs[i] = c < geo.C ? *reinterpret_cast<const float4 *>(qg + (size_t)x * geo.C + c) : make_float4(0, 0, 0, 0);
+        }
+        __syncthreads();
+    }
     if (t >= N) { return; }
     const int C = geo.C, H = geo.H;
     constexpr bool RING = route_ring<VEC>();
-    extern __shared__ __align__(16) unsigned char route_smem[];
     Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
     float *ring_r = ring_floats<VEC, NCH>(route_smem);
     float qgl[NCH][VEC], acc[NCH][VEC], m[NCH], l[NCH];
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        ld_f(qgl[ch], qg, ch * W + lane * VEC, C);
+        if constexpr (KX == 0) { ld_f(qgl[ch], qg, ch * W + lane * VEC, C); }   // (KX > 0: in qgs)
 #pragma unroll
         for (int k = 0; k < VEC; k++) { acc[ch][k] = 0.0f; }
         m[ch] = -INFINITY; l[ch] = 0.0f;
+    }
+    if constexpr (PART) {   // from the partial: sum 1 at the running max lse_p, mix hbar
+        int hd[NCH];
+        bool first[NCH];
+        lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int c0 = ch * W + lane * VEC;
+            ld_f(acc[ch], in.ph + (size_t)t * C, c0, C);
+            m[ch] = c0 < C ? in.pl[(size_t)t * H + hd[ch]] : 0.0f;
+            l[ch] = 1.0f;
+        }
+    }
+    // the extra sites' running max, sum and mix
+    constexpr int KA = KX > 0 ? KX : 1;
+    float xacc[KA][NCH][VEC], xm[KA][NCH], xl[KA][NCH];
+#pragma unroll
+    for (int x = 0; x < KX; x++) {
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { xacc[x][ch][k] = 0.0f; }
+            xm[x][ch] = -INFINITY; xl[x][ch] = 0.0f;
+        }
     }
     // RING: source i (and its r, copied by lane 0) into stage i % ROUTE_RING; one commit group per source
     auto issue = [&](int i) {
@@ -2239,8 +2298,15 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
         for (int ch = 0; ch < NCH; ch++) {
             float v[VEC], d = 0.0f;
             unpack(cur[ch], v);
+            if constexpr (KX > 0) {
+                const float4 a = qgs[ch * 64 + lane], b = qgs[ch * 64 + 32 + lane];
+                const float q8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { d += qgl[ch][k] * v[k]; }
+                for (int k = 0; k < VEC; k++) { d += q8[k % 8] * v[k]; }
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { d += qgl[ch][k] * v[k]; }
+            }
             e[ch] = d;
         }
         head_sum<NCH, SEG>(e, geo);
@@ -2254,6 +2320,53 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
 #pragma unroll
             for (int k = 0; k < VEC; k++) { acc[ch][k] = acc[ch][k] * sc + p * v[k]; }
             m[ch] = mn;
+        }
+        // the same for each extra site (VEC = 8)
+#pragma unroll
+        for (int x = 0; x < KX; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {   // unpacked again per site: fewer registers
+                if constexpr (KX > 0) { opaque_words(cur[ch]); }
+            }
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const float4 a = qgs[((x + 1) * NCH + ch) * 64 + lane], b = qgs[((x + 1) * NCH + ch) * 64 + 32 + lane];
+                const float q8[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                float v[VEC], d = 0.0f;
+                unpack(cur[ch], v);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { d += q8[k % 8] * v[k]; }
+                e[ch] = d;
+            }
+            head_sum<NCH, SEG>(e, geo);
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float s = ri * e[ch], mn = fmaxf(xm[x][ch], s), v[VEC];
+                float sc = expf(xm[x][ch] - mn), p = expf(s - mn);
+                xl[x][ch] = xl[x][ch] * sc + p;
+                unpack(cur[ch], v);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { xacc[x][ch][k] = xacc[x][ch][k] * sc + p * v[k]; }
+                xm[x][ch] = mn;
+            }
+        }
+    }
+    if constexpr (KX > 0) {   // the extra sites' partials: hbar = acc / l, lse_p = m + log l
+        int hd[NCH];
+        bool first[NCH];
+        lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
+#pragma unroll
+        for (int x = 0; x < KX; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const int c0 = ch * W + lane * VEC;
+                if (c0 >= C) { continue; }
+                const float inv = 1.0f / xl[x][ch];
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { xacc[x][ch][k] *= inv; }
+                st_f(out.ph + ((size_t)x * N + t) * C + c0, xacc[x][ch]);
+                if (first[ch]) { out.pl[((size_t)x * N + t) * H + hd[ch]] = xm[x][ch] + logf(xl[x][ch]); }
+            }
         }
     }
     // h = sum_i a v_i;  u = rmsnorm(h; g)
@@ -2286,19 +2399,52 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     if (lane == 0) { rstd[t] = rs; }
 }
 
+// The most sites a routing forward group has for a layout (1 + its most extra sites)
+int route_fwd_kmax(const RouteGeo &geo) {
+    int k = 1;
+    route_dispatch(geo, [&](auto lanes) { k = 1 + route_fwd_kx_max<decltype(lanes)::vec, decltype(lanes)::nch>(); });
+    return k;
+}
+
+template <int VEC, int NCH, int SEG, int KX, bool PART>
+void route_forward_launch(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r,
+                          const int *src, int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo,
+                          RoutePartials out, RoutePartials in) {
+    constexpr size_t smem = route_fwd_smem<VEC, NCH, KX>();
+    static bool limit_set = false;
+    route_smem_limit(route_forward_kernel<VEC, NCH, SEG, KX, PART>, smem, limit_set);
+    route_forward_kernel<VEC, NCH, SEG, KX, PART><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg,
+                                                                                g, (int)N, geo, out, in);
+}
+
 // u (N, C) = rmsnorm(route(sources); g) and its rstd (N): the input of the
 // sublayer after the site. Keeps h (N, C), the routed mix, and lse (N, H) for
 // backward. slots (nslots, N, C), r (nslots, N); the site reads the n slots
 // src[0..n); qg (C) and the norm weight g (C) are the site's.
+// Grouped forward (route_fwd_plan): kx > 0: the site leads a group and also
+// writes the partials of the next kx sites (whose qg follow its own in qg) into
+// out; in.ph != NULL: the site starts from the partial in, and src, n are its
+// sources after its group leader's. kx = 0 and in.ph == NULL: the plain kernel.
 void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r, const int *src,
-                   int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo) {
+                   int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo, int kx, RoutePartials out,
+                   RoutePartials in) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
-        constexpr size_t smem = route_ring_smem<VEC, NCH>();
-        static bool limit_set = false;
-        route_smem_limit(route_forward_kernel<VEC, NCH, SEG>, smem, limit_set);
-        route_forward_kernel<VEC, NCH, SEG><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg, g,
-                                                                          (int)N, geo);
+        constexpr int XM = route_fwd_kx_max<VEC, NCH>();
+        if (kx > XM || (in.ph != NULL && (kx > 0 || XM == 0))) {
+            die("internal: routing forward with %d extra sites%s (layout VEC=%d NCH=%d: at most %d)", kx,
+                in.ph != NULL ? " from a partial" : "", VEC, NCH, XM);
+        }
+        auto launch = [&](auto kxc, auto partc) {   // std::integral_constant: the instance
+            route_forward_launch<VEC, NCH, SEG, decltype(kxc)::value, decltype(partc)::value>(
+                u, rstd, h, lse, slots, r, src, n, qg, g, N, geo, out, in);
+        };
+        using std::integral_constant;
+        if (in.ph != NULL) { launch(integral_constant<int, 0>(), integral_constant<bool, (XM > 0)>()); }
+        else if (kx == 0) { launch(integral_constant<int, 0>(), integral_constant<bool, false>()); }
+        else if (kx == 1) { launch(integral_constant<int, (XM >= 1 ? 1 : 0)>(), integral_constant<bool, false>()); }
+        else if (kx == 2) { launch(integral_constant<int, (XM >= 2 ? 2 : 0)>(), integral_constant<bool, false>()); }
+        else { launch(integral_constant<int, (XM >= 3 ? 3 : 0)>(), integral_constant<bool, false>()); }
     });
     launchCheck();
 }
@@ -3043,7 +3189,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 20
+#define NUM_GRAD_ACT_TENSORS 21
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -3064,6 +3210,8 @@ typedef struct {
     float *route_part; // (N/32, C)  per-block partials of the site passes' norm-weight sums (mhar)
     float *route_qpart; // (N/128 * J, C)  per-partition partials of the q/gamma passes (mhar; side stream)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
+    float *route_fwdp; // (K-1, N, C), then (K-1, N, H): the grouped routing forward's partials (mhar,
+                       // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
 } GradActs;
@@ -3090,6 +3238,8 @@ typedef struct {
     int *slot_nr;                   // (J) host: the number of sites reading slot k
     int *d_pair_off;                // (J+1) device: pair_off as int
     RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
+    int *fwd_lead;                  // (J) host: the first site of site j's routing forward group (route_fwd_plan)
+    int fwd_kmax, fwd_starts;       // the most sites a group; the sites that start from a partial
     RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
@@ -3179,8 +3329,23 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     cudaCheck(cudaMemcpy(m->slot_rd, rd, (size_t)2 * J * J * sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMalloc(&m->d_pair_off, (J + 1) * sizeof(int)));
     cudaCheck(cudaMemcpy(m->d_pair_off, off, (J + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    // the routing forward's groups (route_fwd_plan): at most MHAR_FWD_GROUP sites (default 4; 1: every
+    // site alone, the plain kernel) and what the layout's kernels hold; by bytes, or wherever the slots
+    // allow with MHAR_FWD_PLAN=all (the GPU checks, to run the grouped kernels on small models)
+    m->fwd_lead = (int *)malloc_check(J * sizeof(int));
+    m->fwd_kmax = 1;
+    for (int j = 0; j < J; j++) { m->fwd_lead[j] = j; }
+    if (cfg->mode == RES_MHAR) {
+        m->route_geo = route_geometry(cfg->C, cfg->H);
+        const char *e = getenv("MHAR_FWD_GROUP"), *pl = getenv("MHAR_FWD_PLAN");
+        int want = e != NULL && e[0] != '\0' ? atoi(e) : 4;
+        if (want < 1) { die("MHAR_FWD_GROUP=%s: give the most sites a routing forward group has (1: no groups)", e); }
+        m->fwd_kmax = want < route_fwd_kmax(m->route_geo) ? want : route_fwd_kmax(m->route_geo);
+        int all = pl != NULL && strcmp(pl, "all") == 0;
+        m->fwd_starts = route_fwd_plan(J, m->site_n, src, J, cfg->C, cfg->H, (int)sizeof(floatX), m->fwd_kmax, all,
+                                       m->fwd_lead);
+    }
     free(src); free(rd); free(off);
-    if (cfg->mode == RES_MHAR) { m->route_geo = route_geometry(cfg->C, cfg->H); }
 }
 
 // Lay out tensors of mixed element sizes in one device allocation (each 256-byte aligned, zeroed).
@@ -3225,6 +3390,10 @@ void model_alloc_acts(Model *m, int B, int T) {
     // routing scratch: site partials (N/32 blocks) and slot partials (N/128 partitions x up to J readers)
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
     size_t route_qparts = mhar ? ceil_div(N, ROUTE_PART_ROWS) * J : 0;
+    // the grouped forward's partials go into route_G (written and read only in backward) when they
+    // fit (bf16 with groups of 4: whenever L >= 3), else into a buffer of their own
+    size_t fwdp = mhar ? (size_t)(m->fwd_kmax - 1) * N * (C + c->H) : 0;
+    int fwdp_in_G = fwdp * sizeof(float) <= J * N * C * sizeof(floatX);
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
@@ -3235,9 +3404,10 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
         {(void **)&g->route_dsr, mhar ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
-        {(void **)&g->route_qv, pairs * C, S},
+        {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
+    if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
     if (mhar) {
         RouteSide *sd = &m->route_side;
         cudaCheck(cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking));
@@ -3252,6 +3422,13 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->targets = (int *)calloc_check(N, sizeof(int));
     m->losses_host = (float *)calloc_check(N, sizeof(float));
     m->maxB = B; m->maxT = T;
+#ifndef TESTING
+    if (mhar) {
+        printf("routing forward: groups of up to %d sites, %d of %zu sites start from a partial (MHAR_FWD_GROUP; "
+               "partials %s)\n", m->fwd_kmax, m->fwd_starts, J,
+               fwdp == 0 ? "none" : fwdp_in_G ? "in route_G" : "in their own buffer");
+    }
+#endif
 }
 
 // Attention sublayer of block l: out (N, C) = Wo attn(rope(qknorm(Wq u)), ...)
@@ -3399,18 +3576,33 @@ void u_check(Model *m, int j, const floatX *u, size_t N, int save) {
 // later site's norm was computed with its slot by residual_norm_forward. mhar:
 // h_j = route_j over the slots of site j's sources, and route_forward applies
 // the norm in the same kernel (keeping h_j and lse_j for backward).
+// Grouped (m->fwd_lead): a group's first site also writes the partials of
+// the group's other sites into route_fwdp, and each of those starts from its
+// own and reads only the sources after its leader's.
 floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
-    size_t C = c->C;
+    size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1;
     floatX *u = ULN(j);
     float *rstd = a->ln_rstd + (size_t)j * N;
     if (c->mode == RES_STD) {
         if (j == 0) { rmsnorm_forward(u, rstd, SLOT(0), w, N, c->C); }
         return u;
     }
-    route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * c->H, a->slots, a->slot_r,
-                  SITE_SRC(j), m->site_n[j], a->route_qg + (size_t)j * C, w, N, m->route_geo);
+    // partial x (site lead + 1 + x): hbar (N, C) at ph + x N C, lse_p (N, H) at pl + x N H
+    const int lead = m->fwd_lead[j];
+    float *ph = m->gacts.route_fwdp, *pl = ph + (size_t)(m->fwd_kmax - 1) * N * C;
+    int kx = 0;
+    while (lead == j && (size_t)(j + kx + 1) < J && m->fwd_lead[j + kx + 1] == j) { kx++; }
+    RoutePartials out = {kx > 0 ? ph : NULL, kx > 0 ? pl : NULL}, in = {NULL, NULL};
+    int n0 = 0;   // sources already in the partial
+    if (lead != j) {
+        in.ph = ph + (size_t)(j - lead - 1) * N * C;
+        in.pl = pl + (size_t)(j - lead - 1) * N * H;
+        n0 = m->site_n[lead];
+    }
+    route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * H, a->slots, a->slot_r,
+                  SITE_SRC(j) + n0, m->site_n[j] - n0, a->route_qg + (size_t)j * C, w, N, m->route_geo, kx, out, in);
 #ifdef CHECK_U_RECOMPUTE
     u_check(m, j, u, N, 1);
 #endif
@@ -3746,7 +3938,7 @@ void model_free(Model *m) {
         cudaCheck(cudaStreamDestroy(m->route_side.stream));
         cudaCheck(cudaEventDestroy(m->route_side.dsr_ready)); cudaCheck(cudaEventDestroy(m->route_side.dsr_free));
     }
-    free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->inputs); free(m->targets); free(m->losses_host);
+    free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead); free(m->inputs); free(m->targets); free(m->losses_host);
 }
 
 

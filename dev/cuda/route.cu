@@ -106,9 +106,9 @@ Versions (NOTES_route.md has the byte counts and predictions):
       (N, C) fp32 and lse_p = m + log l (N, H) fp32; those sites start from it
       (max lse_p, sum 1, mix hbar) and read only their remaining sources.
       Groups: route_fwd_plan (common/config.h, the trainer's planner too), by
-      bytes for --bench and --bytes, wherever the slots allow for --check. The
-      extra sites' qg in shared memory; KX <= 3 at C = 512, <= 2 at C = 1024
-      (no spills). The kernel writes no a: --check recomputes it from the stored
+      bytes for --bench and --bytes, wherever the slots allow for --check. With
+      KX > 0 the qg of all KX + 1 sites in shared memory; KX <= 3 (no spills
+      at C = 512 and 1024). The kernel writes no a: --check recomputes it from the stored
       lse (route_a_kernel), as the backward does. The partials live in Gb (the
       backward's G rows, free during the forward) when they fit, as the
       trainer's live in route_G; --check poisons them first. --cpu-selftest
@@ -268,8 +268,9 @@ static void build_v7_plan(Prob &p, double min_gain) {
 
 // v13's most extra sites a kernel runs, per C: the largest KX whose
 // route_fwd_v13_kernel compiles without spills at every H (ptxas -v, sm_90a;
-// NOTES_route.md "v13"), at most 3. v13_kmax: the most sites a group.
-template <int C> constexpr int v13_kx_max() { return C <= 512 ? 3 : 2; }
+// NOTES_route.md "v13"), at most 3: 3 at C = 512 and 1024.
+// v13_kmax: the most sites a group.
+template <int C> constexpr int v13_kx_max() { return 3; }
 static int v13_kmax(int C) { return 1 + (C <= 512 ? v13_kx_max<512>() : v13_kx_max<1024>()); }
 
 // v13's groups (route_fwd_plan in config.h, bf16 sources): by bytes, or every
@@ -1318,17 +1319,21 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf1
 // mix hbar) and reads only its sources from index n_j on. Same math, other
 // summation order; the partials add no bf16 rounding.
 
-// The extra sites' qg in shared memory, after the ring: float4 [KX][NCH][2][32]
-// (lane l's channels ch*256 + 8l .. +4, then +4 .. +8: a warp's 16-byte loads
-// cover 512 consecutive bytes, no bank conflict).
-template <int C, int KX> constexpr size_t fwd13_smem() { return ring_smem<C>() + (size_t)KX * C * sizeof(float); }
+// With extra sites (KX > 0) the qg of all KX + 1 sites live in shared memory,
+// after the ring, not in registers: float4 [KX+1][NCH][2][32] (lane l's
+// channels ch*256 + 8l .. +4, then +4 .. +8: a warp's 16-byte loads cover 512
+// consecutive bytes, no bank conflict).
+template <int C, int KX> constexpr size_t fwd13_smem() {
+    return ring_smem<C>() + (KX > 0 ? (size_t)(KX + 1) * C * sizeof(float) : 0);
+}
 template <int C> __device__ __forceinline__ float4 *fwd13_qgx() {   // (at ring_smem<C>())
     return reinterpret_cast<float4 *>(ring_smem_raw + (size_t)8 * ROUTE_RING * ((C / 256) * 32 * sizeof(uint4) + sizeof(float)));
 }
 
 // Site forward as v8's (route_fwd_v2_kernel<C, H, true>), plus:
 //   KX > 0: the extra sites' softmax over this site's n sources, from their q,
-//     gamma qx, gmx (KX, C); partials out: ph (KX, N, C), pl (KX, N, H).
+//     gamma, which follow this site's in q, gm ((KX+1, C)); partials out:
+//     ph (KX, N, C), pl (KX, N, H).
 //   inh != NULL: this site starts from a partial inh (N, C), inl (N, H); src,
 //     n are then its sources after the leader's.
 // a is not written (check_config recomputes it from lse: route_a_kernel).
@@ -1336,18 +1341,17 @@ template <int C, int H, int KX>
 __global__ void __launch_bounds__(256, KX == 0 ? (C <= 512 ? 3 : 1) : (C <= 512 ? 2 : 1))
 route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16 *__restrict__ slots,
                      const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ q,
-                     const float *__restrict__ gm, const float *__restrict__ g, const float *__restrict__ qx,
-                     const float *__restrict__ gmx, float *ph, float *pl, const float *__restrict__ inh,
+                     const float *__restrict__ gm, const float *__restrict__ g, float *ph, float *pl, const float *__restrict__ inh,
                      const float *__restrict__ inl, int N) {
     constexpr int NCH = Geo<C, H>::NCH;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if constexpr (KX > 0) {   // every thread of the block, before any returns
         float4 *qs = fwd13_qgx<C>();
-        for (int i = threadIdx.x; i < KX * C / 4; i += blockDim.x) {
-            const int x = i / (C / 4), c = (i % (C / 4)) * 4;   // channel c of extra site x
-            const float4 a = *reinterpret_cast<const float4 *>(qx + x * C + c);
-            const float4 b = *reinterpret_cast<const float4 *>(gmx + x * C + c);
+        for (int i = threadIdx.x; i < (KX + 1) * C / 4; i += blockDim.x) {
+            const int x = i / (C / 4), c = (i % (C / 4)) * 4;   // channel c of site x (0: this one)
+            const float4 a = *reinterpret_cast<const float4 *>(q + x * C + c);
+            const float4 b = *reinterpret_cast<const float4 *>(gm + x * C + c);
             qs[((x * NCH + c / 256) * 2 + (c % 8) / 4) * 32 + (c % 256) / 8] =
                 make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
         }
@@ -1358,11 +1362,13 @@ route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * 256 + lane * 8;
-        float qa[8], ga[8];
-        ld_f8(q + c0, qa);
-        ld_f8(gm + c0, ga);
+        if constexpr (KX == 0) {
+            float qa[8], ga[8];
+            ld_f8(q + c0, qa);
+            ld_f8(gm + c0, ga);
 #pragma unroll
-        for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k]; }
+            for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k]; }
+        }
         if (inh != nullptr) {   // from the partial: sum 1 at the running max lse_p, mix hbar
             ld_f8(inh + (size_t)t * C + c0, acc[ch]);
             m[ch] = inl[(size_t)t * H + head_of<C, H>(ch, lane)]; l[ch] = 1.0f;
@@ -1398,8 +1404,13 @@ route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
         for (int ch = 0; ch < NCH; ch++) {
             float v[8], d = 0.0f;
             unpack8(cur[ch], v);
+            if constexpr (KX > 0) {
+                const float4 a = fwd13_qgx<C>()[ch * 64 + lane], b = fwd13_qgx<C>()[ch * 64 + 32 + lane];
+                d = a.x * v[0] + a.y * v[1] + a.z * v[2] + a.w * v[3] + b.x * v[4] + b.y * v[5] + b.z * v[6] + b.w * v[7];
+            } else {
 #pragma unroll
-            for (int k = 0; k < 8; k++) { d += qg[ch][k] * v[k]; }
+                for (int k = 0; k < 8; k++) { d += qg[ch][k] * v[k]; }
+            }
             e[ch] = d;
         }
         head_sum<C, H>(e);
@@ -1415,7 +1426,7 @@ route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
         }
 #pragma unroll
         for (int x = 0; x < KX; x++) {   // the same update for each extra site, its qg from shared memory
-            const float4 *qs = fwd13_qgx<C>() + x * NCH * 64 + lane;
+            const float4 *qs = fwd13_qgx<C>() + (x + 1) * NCH * 64 + lane;
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) {
                 const float4 a = qs[ch * 64], b = qs[ch * 64 + 32];
@@ -3174,8 +3185,7 @@ template <int C, int H> struct Impl {
         const float *inl = ld == j ? nullptr : d.p13l + (size_t)(j - ld - 1) * N * H;
         route_fwd_v13_kernel<C, H, KX><<<cdiv(N, 8), 256, smem>>>(
             d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H, d.slots, d.r, d.src + j * P.J + n0,
-            P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C, d.q + (j + 1) * C, d.gm + (j + 1) * C, d.p13h, d.p13l,
-            inh, inl, P.N);
+            P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C, d.p13h, d.p13l, inh, inl, P.N);
         LAUNCH_CHECK();
     }
     static void fwd13(const Prob &P, const Dev &d, int j) {

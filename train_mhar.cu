@@ -2212,7 +2212,8 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     if constexpr (KX > 0) {   // the sites' qg, zeros past C; every thread, before any returns
         for (int i = threadIdx.x; i < (KX + 1) * NCH * 64; i += blockDim.x) {
             const int x = i / (NCH * 64), c = (i % (NCH * 64)) / 64 * W + i % 32 * 8 + (i % 64) / 32 * 4;
-            qgs[i] = c < geo.C ? *reinterpret_cast<const float4 *>(qg + (size_t)x * geo.C + c) : make_float4(0, 0, 0, 0);
+            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            qgs[i] = c < geo.C ? *reinterpret_cast<const float4 *>(qg + (size_t)x * geo.C + c) : z;
         }
         __syncthreads();
     }
@@ -3239,7 +3240,7 @@ typedef struct {
     int *d_pair_off;                // (J+1) device: pair_off as int
     RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
     int *fwd_lead;                  // (J) host: the first site of site j's routing forward group (route_fwd_plan)
-    int fwd_kmax, fwd_starts;       // the most sites a group; the sites that start from a partial
+    int fwd_kmax, fwd_starts;       // the largest group; the sites that start from a partial
     RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
@@ -3340,10 +3341,13 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
         const char *e = getenv("MHAR_FWD_GROUP"), *pl = getenv("MHAR_FWD_PLAN");
         int want = e != NULL && e[0] != '\0' ? atoi(e) : 4;
         if (want < 1) { die("MHAR_FWD_GROUP=%s: give the most sites a routing forward group has (1: no groups)", e); }
-        m->fwd_kmax = want < route_fwd_kmax(m->route_geo) ? want : route_fwd_kmax(m->route_geo);
+        int kmax = want < route_fwd_kmax(m->route_geo) ? want : route_fwd_kmax(m->route_geo);
         int all = pl != NULL && strcmp(pl, "all") == 0;
-        m->fwd_starts = route_fwd_plan(J, m->site_n, src, J, cfg->C, cfg->H, (int)sizeof(floatX), m->fwd_kmax, all,
+        m->fwd_starts = route_fwd_plan(J, m->site_n, src, J, cfg->C, cfg->H, (int)sizeof(floatX), kmax, all,
                                        m->fwd_lead);
+        for (int j = 0; j < J; j++) {   // the largest group made (sizes the partials)
+            if (j - m->fwd_lead[j] + 1 > m->fwd_kmax) { m->fwd_kmax = j - m->fwd_lead[j] + 1; }
+        }
     }
     free(src); free(rd); free(off);
 }
@@ -3938,7 +3942,8 @@ void model_free(Model *m) {
         cudaCheck(cudaStreamDestroy(m->route_side.stream));
         cudaCheck(cudaEventDestroy(m->route_side.dsr_ready)); cudaCheck(cudaEventDestroy(m->route_side.dsr_free));
     }
-    free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead); free(m->inputs); free(m->targets); free(m->losses_host);
+    free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead);
+    free(m->inputs); free(m->targets); free(m->losses_host);
 }
 
 

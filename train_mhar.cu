@@ -2075,6 +2075,17 @@ template <int VEC> __device__ __forceinline__ void st_f(float *p, const float (&
 // suffices for the rows; values copied by one lane for all (the forward's r of
 // a source) need a __syncwarp after the wait. Shared memory per block of 8
 // warps: packs [8][ROUTE_RING][NCH][32], then floats [8][ROUTE_RING].
+// An empty asm that "modifies" its words: what is computed from them after it
+// stays after it, so the compiler neither hoists the unpack of a packed value
+// out of a loop (and holds or spills the floats) nor reuses an earlier unpack.
+template <typename T> __device__ __forceinline__ void opaque_words(T &x) {
+    static_assert(sizeof(T) % 4 == 0, "whole 32-bit words");
+    uint32_t w[sizeof(T) / 4];
+    memcpy(w, &x, sizeof(T));
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(T) / 4); k++) { asm volatile("" : "+r"(w[k])); }
+    memcpy(&x, w, sizeof(T));
+}
 #define ROUTE_RING 4   // a power of two
 #define ROUTE_LOG2E 1.4426950408889634f   // log2(e): the gather's exp(x) = exp2f(x log2 e)
 template <int VEC> __host__ __device__ constexpr bool route_ring() { return sizeof(Packed<VEC>) == 16; }

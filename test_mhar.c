@@ -315,9 +315,13 @@ static void check_fwd_plan(void) {
     for (int j = 0; j < 25; j++) { n[j] = site_sources(&c, j, src + j * 25); }
     int by_bytes = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 0, lead);
     int everywhere = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 1, lead);
-    check(bad == 0 && by_bytes == 15 && everywhere == 18,
+    c.S = 4;
+    for (int j = 0; j < 25; j++) { n[j] = site_sources(&c, j, src + j * 25); }
+    int block4 = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 0, lead);
+    check(bad == 0 && by_bytes == 12 && everywhere == 18 && block4 == 0,
           "routing forward groups: %d plans valid (%d bad); 100M full mode, groups of 4: %d (by bytes) and %d "
-          "(wherever allowed) of 25 sites start from a partial (want 15, 18)", plans - bad, bad, by_bytes, everywhere);
+          "(wherever allowed) of 25 sites start from a partial (want 12, 18), block S=4 by cost %d (want 0)",
+          plans - bad, bad, by_bytes, everywhere, block4);
 }
 
 // ----------------------------------------------------------------------------

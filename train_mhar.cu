@@ -3342,7 +3342,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     cudaCheck(cudaMalloc(&m->d_pair_off, (J + 1) * sizeof(int)));
     cudaCheck(cudaMemcpy(m->d_pair_off, off, (J + 1) * sizeof(int), cudaMemcpyHostToDevice));
     // the routing forward's groups (route_fwd_plan): at most MHAR_FWD_GROUP sites (default 4; 1: every
-    // site alone, the plain kernel) and what the layout's kernels hold; by bytes, or wherever the slots
+    // site alone, the plain kernel) and what the layout's kernels hold; by cost (route_fwd_plan), or wherever the slots
     // allow with MHAR_FWD_PLAN=all (the GPU checks, to run the grouped kernels on small models)
     m->fwd_lead = (int *)malloc_check(J * sizeof(int));
     m->fwd_kmax = 1;

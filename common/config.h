@@ -185,12 +185,17 @@ static int site_sources(const Config *c, int j, int *src) {
 // and no slot of it is written after site g: slot k >= 1 is written once, by
 // sublayer k-1, between sites k-1 and k (the slots above), so slot k <= g.
 // Groups are runs of consecutive sites, at most kmax long. A group is taken
-// only where it moves fewer bytes per position (a source row: vbytes*C + 4 for
-// its r; a partial: 4(C + H) written and read again), or wherever it may when
+// only where it costs less per position, counting bytes (a source row: vbytes*C
+// + 4 for its r; a partial: 4(C + H) written and read again) and the extra
+// sites' work: each extra site's pass over a source row of the leader costs
+// ROUTE_FWD_XCOST rows (on the H200, groups by bytes alone took the 100M full
+// forward from 3.18 to 2.90 ms a step where bytes predicted 1.91: 0.55 a row;
+// block S=4 lost time), or wherever it may when
 // all != 0 (the largest group first; the checks, to run the grouped path on
 // small models). src: row j (stride ld) holds site j's n[j] slots.
 // Writes lead[j], the first site of j's group (j itself when it leads or is
 // alone); returns the number of sites that start from a partial.
+#define ROUTE_FWD_XCOST 0.55
 static int route_fwd_plan(int J, const int *n, const int *src, int ld, int C, int H, int vbytes, int kmax, int all,
                           int *lead) {
     const double row = (double)vbytes * C + 4, part = 2.0 * 4 * (C + H);
@@ -210,7 +215,7 @@ static int route_fwd_plan(int J, const int *n, const int *src, int ld, int C, in
             ok = n[g] > n[j];
             for (int i = 0; ok && i < n[j]; i++) { ok = sg[i] == sj[i]; }
             if (!ok) { break; }
-            cost += (n[g] - n[j]) * row + part;
+            cost += (n[g] - n[j]) * row + part + ROUTE_FWD_XCOST * n[j] * row;
             if (all || cost + best[j + k] < best[j]) { best[j] = cost + best[j + k]; len[j] = k; }
         }
     }

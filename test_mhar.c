@@ -275,7 +275,7 @@ static void check_zero_query_average(void) {
 }
 
 // The CUDA trainer's routing forward groups (route_fwd_plan, config.h) on every
-// L <= 13 and S, groups of up to 1..4, by bytes and wherever allowed: runs of
+// L <= 13 and S, groups of up to 1..4, by cost and wherever allowed: runs of
 // consecutive sites, each member's sources start with its leader's (a strictly
 // shorter list, of slots written before the leader, <= it), no more bytes than
 // no groups; and the 100M figures (lab dev/cuda/route.cu --bytes, v13).
@@ -319,7 +319,7 @@ static void check_fwd_plan(void) {
     for (int j = 0; j < 25; j++) { n[j] = site_sources(&c, j, src + j * 25); }
     int block4 = route_fwd_plan(25, n, src, 25, 512, 8, 2, 4, 0, lead);
     check(bad == 0 && by_bytes == 12 && everywhere == 18 && block4 == 0,
-          "routing forward groups: %d plans valid (%d bad); 100M full mode, groups of 4: %d (by bytes) and %d "
+          "routing forward groups: %d plans valid (%d bad); 100M full mode, groups of 4: %d (by cost) and %d "
           "(wherever allowed) of 25 sites start from a partial (want 12, 18), block S=4 by cost %d (want 0)",
           plans - bad, bad, by_bytes, everywhere, block4);
 }

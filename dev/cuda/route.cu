@@ -99,14 +99,15 @@ Versions (NOTES_route.md has the byte counts and predictions):
       not required: hashes equal to v11's. --cpu-selftest checks its index math
       against v11's on every lab shape.
   v13 v12's backward with a grouped forward (issue 5, "two-phase forward";
-      written 2026-11-30, NOT YET RUN on a GPU): the queries do not depend on
+      written and measured on the H200 2026-11-30): the queries do not depend on
       the input, so site j's kernel (route_fwd_v13_kernel<C, H, KX>) also runs
       the online softmax of the next KX sites over its own sources when their
       lists start with them, and stores each as a partial: hbar = acc / l
       (N, C) fp32 and lse_p = m + log l (N, H) fp32; those sites start from it
       (max lse_p, sum 1, mix hbar) and read only their remaining sources.
       Groups: route_fwd_plan (common/config.h, the trainer's planner too), by
-      bytes for --bench and --bytes, wherever the slots allow for --check. With
+      cost (bytes and the extra sites' work) for --bench and --bytes, wherever
+      the slots allow for --check. With
       KX > 0 the qg of all KX + 1 sites in shared memory; KX <= 3 (no spills
       at C = 512 and 1024). The kernel writes no a: --check recomputes it from the stored
       lse (route_a_kernel), as the backward does. The partials live in Gb (the
@@ -141,9 +142,12 @@ v11 (double-buffered q/gamma pass): compiled and emulated on the host only
 (--cpu-selftest: the pass's schedule and indexing against a float64 sum);
 NOTES_route.md, "v11", has the device command.
 v12 (leaner gather): compiled only; NOTES_route.md, "v12", has the device command.
-v13 (grouped forward): compiled and CPU-self-tested only, NOT YET RUN on a GPU;
-forward bytes at 100M full mode 411.9 -> 257.4 KB/token (NOTES_route.md, "v13:
-grouped forward", has the device command).
+v11, v12: measured in session 5 (NOTES_route.md, "Round 4", "v12").
+v13 (grouped forward, session 6): --check PASS (8 configs, groups wherever
+allowed); --bench 100M full mode H=8, plan by cost (8.63 GB, 12 sites from a
+partial): forward v12 3.301 -> v13 2.996 ms (1.03x -> 1.47x its floor): the
+extra sites' work, not bytes, bounds the grouped kernels now (NOTES_route.md,
+"v13 measured").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -273,7 +277,7 @@ static void build_v7_plan(Prob &p, double min_gain) {
 template <int C> constexpr int v13_kx_max() { return 3; }
 static int v13_kmax(int C) { return 1 + (C <= 512 ? v13_kx_max<512>() : v13_kx_max<1024>()); }
 
-// v13's groups (route_fwd_plan in config.h, bf16 sources): by bytes, or every
+// v13's groups (route_fwd_plan in config.h, bf16 sources): by cost, or every
 // group the slots allow (all: --check and the self-test, to run every kind of site)
 static void build_v13_plan(Prob &p, int kmax, bool all) {
     p.lead13.assign(p.J, 0);
@@ -2163,7 +2167,7 @@ static bool v12_fits(const Prob &P, int k) {
 // v13's plans (route_fwd_plan, config.h; the trainer uses the same function) on
 // every L <= 13 and S, kmax 1..4, both rules: groups are runs of consecutive
 // sites, at most kmax long; every member's list starts with its leader's,
-// strictly shorter one, of slots written before the leader (<= it); by bytes,
+// strictly shorter one, of slots written before the leader (<= it); by cost,
 // never more bytes than no groups. Then the grouped forward in float64 (the
 // leader's partials hbar = acc / l and lse_p = m + log l, a member's online
 // softmax started from them) against ref_forward's h and lse, every group the
@@ -3647,15 +3651,15 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     printf("  slot gather: v5 %d G rows %.2f GB (%.2f ms at 4.2 TB/s); v7 %d pairs, %d G rows %.2f GB (%.2f ms)\n",
            P.P, g5 / 1e9, g5 / 4.2e9, P.v7_pairs, P.v7_rows, g7 / 1e9, g7 / 4.2e9);
     // v13's forward in source-row equivalents per token (a partial's mix, fp32, is 2 bf16 rows; written and
-    // read again: 4), for its plan (by bytes) and for groups wherever the slots allow (largest first)
+    // read again: 4), for its plan (by cost) and for groups wherever the slots allow (largest first)
     Prob A = P;
     build_v13_plan(A, v13_kmax(C), true);
     const double pr = 2.0 * (F + 4.0 * H) / V;   // a partial, out and in, in rows
-    printf("  v13 forward, groups of up to %d sites: by bytes %d rows + %d partials = %.1f row equivalents; "
+    printf("  v13 forward, groups of up to %d sites: by cost %d rows + %d partials = %.1f row equivalents; "
            "wherever allowed %d rows + %d partials = %.1f (v12: %d rows)\n",
            v13_kmax(C), P.v13_rows, P.v13_starts, P.v13_rows + P.v13_starts * pr, A.v13_rows, A.v13_starts,
            A.v13_rows + A.v13_starts * pr, P.P);
-    printf("  v13 groups by bytes:");
+    printf("  v13 groups by cost:");
     for (int j = 0; j < P.J; j++) {
         if (P.lead13[j] == j) { printf(" [%d", j); }
         else { printf(" %d", j); }

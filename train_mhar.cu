@@ -3438,10 +3438,11 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->losses_host = (float *)calloc_check(N, sizeof(float));
     m->maxB = B; m->maxT = T;
 #ifndef TESTING
-    if (mhar) {
-        printf("routing forward: groups of up to %d sites, %d of %zu sites start from a partial (MHAR_FWD_GROUP; "
-               "partials %s)\n", m->fwd_kmax, m->fwd_starts, J,
-               fwdp == 0 ? "none" : fwdp_in_G ? "in route_G" : "in their own buffer");
+    if (mhar && m->fwd_kmax > 1) {
+        printf("routing forward: groups of up to %d sites, %d of %zu sites start from a partial (partials %s; "
+               "MHAR_FWD_GROUP=1: none)\n", m->fwd_kmax, m->fwd_starts, J, fwdp_in_G ? "in route_G" : "own buffer");
+    } else if (mhar) {
+        printf("routing forward: every site alone (no group pays at this shape, or MHAR_FWD_GROUP=1)\n");
     }
 #endif
 }

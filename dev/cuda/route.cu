@@ -14,7 +14,7 @@ Run:
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
     --vmax M                        with --version N: versions N..M (inputs drawn once)
-    ./route --all                   --check and --bench of every version (1..13)
+    ./route --all                   --check and --bench of every version (1..14)
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
 What is timed: a whole-model routing pass with the sublayers replaced by fixed
@@ -775,6 +775,7 @@ static bool selftest_v7_numeric(int L, int S, int C, int H, int N, uint64_t seed
 static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool force_sync, uint64_t seed);   // below
 static bool selftest_v12_index(void);   // below
 static bool selftest_v13(uint64_t seed);   // below
+static bool selftest_v14(uint64_t seed);   // below
 
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
@@ -803,6 +804,7 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v11_param(512, 1, 1, 129, 8, false, seed + 21);
     ok &= selftest_v12_index();   // v12's gather: its index math against v11's on every lab shape
     ok &= selftest_v13(seed + 22);   // v13's plans on every L, S, and its partials' algebra in float64
+    ok &= selftest_v14(seed + 23);   // v14's transposing head sums (lane emulation) and lazy rescale
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -852,7 +854,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                 + 2 * J * npart * F;                   // its partials
     } else {
         b.fwd = stats + N * (Pp * (V + 4) + J * (V + V + 4 + H * 4));   // sources, r; h, u, rstd, lse
-        if (ver == 13) {   // the plan's source rows; each partial (mix and lse) written, then read
+        if (ver == 13 || ver == 14) {   // the plan's source rows; each partial (mix and lse) written, then read
             b.fwd += N * ((P.v13_rows - Pp) * (V + 4) + P.v13_starts * 2 * (F + H * 4));
         }
         if (ver == 2) {
@@ -1486,6 +1488,264 @@ route_fwd_v13_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
         st_bf8(hout + (size_t)t * C + c0, acc[ch]);
         st_bf8(uout + (size_t)t * C + c0, uu);
         if (head_first<C, H>(ch, lane)) { lse[(size_t)t * H + head_of<C, H>(ch, lane)] = m[ch] + logf(l[ch]); }
+    }
+    if (lane == 0) { rstd[t] = rs; }
+}
+
+// ----------------------------------------------------------------------------
+// v14: v13's grouped forward with fewer instructions per (site, source row)
+// pair. Same interface, plan and partials (hbar fp32, lse_p natural log) as
+// route_fwd_v13_kernel; only the loop's arithmetic changes:
+//   - base 2: qg2 = qg log2(e) (registers for KX = 0, shared memory else), so
+//     s2 = r_i qg2.v is the score in base 2 and a weight is one ex2 (MUFU.EX2,
+//     ex2_ftz); lse = (m2 + log2 l) ln 2 at the end.
+//   - the (KX + 1) x U head partials of a lane (U = NCH / CPH: a lane's heads per
+//     site; chunks of one head summed in the lane first) are reduced together by
+//     a transposing butterfly (fwd14_reduce): each round halves the values a lane
+//     keeps, so a lane ends up owning SL = P / 2^T of the P (V padded to a power
+//     of two) segment sums, and computes the softmax scalars (max, sum, weight)
+//     for those only; the weights go back to the segment by one indexed shuffle
+//     each (fwd14_bcast).
+//   - lazy rescale: a slot's running max m2 is raised only when a score exceeds
+//     it by more than FWD14_TAU (base 2; a weight is then at most 2^TAU), decided
+//     for the whole warp by one vote; otherwise a row costs one ex2 per owned
+//     slot and acc += p v (one FMA a channel). Exact in real arithmetic (the sum
+//     l and acc carry the same factor 2^-m2 whatever m2 is).
+//   - the row unpacked once for all the group's sites.
+#define FWD14_TAU 8.0f
+#define FWD14_LOG2E 1.4426950408889634f
+#define FWD14_LN2 0.6931471805599453f
+
+// 2^x as one MUFU.EX2 (results below 2^-126 flushed to zero; 2^-inf = +0)
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+constexpr int ilog2c(int x) { return x <= 1 ? 0 : 1 + ilog2c(x / 2); }
+constexpr int pow2c(int x) { return x <= 1 ? 1 : 2 * pow2c((x + 1) / 2); }
+
+// v14's value layout. Per site a lane has U head partials (value k = x U + u:
+// site x, its u-th head in this lane, chunks u CPH .. u CPH + CPH - 1). V values,
+// padded to P (a power of two; padding values are 0). A head segment is SEG = 2^R
+// lanes; T = min(R, log2 P) transposing rounds leave SL = P / 2^T slots a lane;
+// slot m of a lane holds value m + (lane's segment bits above R - T) << (log2 P - T).
+template <int C, int H, int KX> struct Fwd14 {
+    static constexpr int NCH = Geo<C, H>::NCH, SEG = Geo<C, H>::SEG, CPH = Geo<C, H>::CPH;
+    static constexpr int U = NCH / CPH, V = (KX + 1) * U, P = pow2c(V);
+    static constexpr int R = ilog2c(SEG), LP = ilog2c(P), T = R < LP ? R : LP, SL = P >> T;
+    // the value slot m of this lane holds (the padding when >= V)
+    static __host__ __device__ __forceinline__ int value_of(int m, int lane) {
+        return m + (((lane & (SEG - 1)) >> (R - T)) << (LP - T));
+    }
+};
+
+// y[0..P): this lane's partial of each value -> y[0..SL): the segment's full sum
+// of each value this lane owns (Fwd14's layout). Round r pairs value m with
+// m + half; the lane whose bit (SEG >> (r+1)) is 0 keeps the lower half.
+template <class G> __device__ __forceinline__ void fwd14_reduce(float (&y)[G::P], int lane) {
+#pragma unroll
+    for (int r = 0; r < G::T; r++) {
+        const int half = G::P >> (r + 1), o = G::SEG >> (r + 1);
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int m = 0; m < half; m++) {
+            const float send = hi ? y[m] : y[m + half], keep = hi ? y[m + half] : y[m];
+            y[m] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int o = G::SEG >> (G::T + 1); o > 0; o >>= 1) {   // lanes past the transposed bits: plain butterfly
+#pragma unroll
+        for (int m = 0; m < G::SL; m++) { y[m] += __shfl_xor_sync(0xffffffffu, y[m], o); }
+    }
+}
+// value k of the segment, from the lane that owns it (slot k mod SL)
+template <class G, int K> __device__ __forceinline__ float fwd14_bcast(const float (&z)[G::SL]) {
+    if constexpr (G::T == 0) { return z[K]; }
+    else { return __shfl_sync(0xffffffffu, z[K & (G::SL - 1)], (K >> (G::LP - G::T)) << (G::R - G::T), G::SEG); }
+}
+template <class G, int K = 0> __device__ __forceinline__ void fwd14_bcast_all(float (&out)[G::V], const float (&z)[G::SL]) {
+    if constexpr (K < G::V) {
+        out[K] = fwd14_bcast<G, K>(z);
+        fwd14_bcast_all<G, K + 1>(out, z);
+    }
+}
+
+// Site forward, grouped (v13's contract: shapes, partials, plan): h (N, C) bf16,
+// u (N, C) bf16, rstd (N), lse (N, H) of this site; KX > 0: the next KX sites'
+// partials ph (KX, N, C) fp32 (hbar = acc / l), pl (KX, N, H) fp32 (m + log l,
+// natural log), their q, gamma after this site's in q, gm; inh != NULL: start from
+// the partial inh (N, C), inl (N, H), src and n then the sources after the
+// leader's. One warp per position, sources through the row ring (v8).
+template <int C, int H, int KX>
+__global__ void __launch_bounds__(256, KX == 0 ? (C <= 512 ? 3 : 1) : (C <= 512 ? 2 : 1))
+route_fwd_v14_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16 *__restrict__ slots,
+                     const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ q,
+                     const float *__restrict__ gm, const float *__restrict__ g, float *ph, float *pl, const float *__restrict__ inh,
+                     const float *__restrict__ inl, int N) {
+    typedef Fwd14<C, H, KX> G;
+    constexpr int NCH = G::NCH, CPH = G::CPH, U = G::U, V = G::V, P = G::P, SL = G::SL, XS = KX + 1;
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if constexpr (KX > 0) {   // qg2 of the KX + 1 sites into shared memory (v13's layout), every thread
+        float4 *qs = fwd13_qgx<C>();
+        for (int i = threadIdx.x; i < XS * C / 4; i += blockDim.x) {
+            const int x = i / (C / 4), c = (i % (C / 4)) * 4;
+            const float4 a = *reinterpret_cast<const float4 *>(q + x * C + c);
+            const float4 b = *reinterpret_cast<const float4 *>(gm + x * C + c);
+            qs[((x * NCH + c / 256) * 2 + (c % 8) / 4) * 32 + (c % 256) / 8] =
+                make_float4(a.x * b.x * FWD14_LOG2E, a.y * b.y * FWD14_LOG2E, a.z * b.z * FWD14_LOG2E,
+                            a.w * b.w * FWD14_LOG2E);
+        }
+        __syncthreads();
+    }
+    if (t >= N) { return; }
+    float qg[KX == 0 ? NCH : 1][8];   // KX = 0: qg2 in registers
+    float acc[XS][NCH][8];            // site x's unnormalised mix (0: this site)
+    float m2[SL], l[SL];              // running max (base 2) and sum of the values this lane owns
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 256 + lane * 8;
+        if constexpr (KX == 0) {
+            float qa[8], ga[8];
+            ld_f8(q + c0, qa);
+            ld_f8(gm + c0, ga);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { qg[ch][k] = qa[k] * ga[k] * FWD14_LOG2E; }
+        }
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+            if (x == 0 && inh != nullptr) { ld_f8(inh + (size_t)t * C + c0, acc[0][ch]); }
+            else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { acc[x][ch][k] = 0.0f; }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < SL; m++) {   // from the partial: sum 1 at the running max lse_p (site 0 only)
+        const int k = G::value_of(m, lane);
+        if (inh != nullptr && k < U) {
+            m2[m] = inl[(size_t)t * H + head_of<C, H>(k * CPH, lane)] * FWD14_LOG2E; l[m] = 1.0f;
+        } else {
+            m2[m] = -INFINITY; l[m] = 0.0f;
+        }
+    }
+    for (int i = 0; i < ROUTE_RING - 1; i++) { fwd_ring_issue<C>(i, n, src, slots, r, N, t, lane); }
+    for (int i = 0; i < n; i++) {
+        cp_async_wait<ROUTE_RING - 2>();
+        __syncwarp();
+        const int st = i & (ROUTE_RING - 1);
+        float v[NCH][8];   // source i, unpacked once for every site
+        {
+            const uint4 *ring = ring_packs<C>();
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { unpack8(ring[(st * NCH + ch) * 32 + lane], v[ch]); }
+        }
+        const float ri = ring_floats<C>()[st];
+        fwd_ring_issue<C>(i + ROUTE_RING - 1, n, src, slots, r, N, t, lane);
+        float y[P];   // per value, this lane's part of qg2.v
+#pragma unroll
+        for (int k = 0; k < P; k++) { y[k] = 0.0f; }
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float d;
+                if constexpr (KX == 0) {
+                    d = qg[ch][0] * v[ch][0];
+#pragma unroll
+                    for (int k = 1; k < 8; k++) { d = fmaf(qg[ch][k], v[ch][k], d); }
+                } else {
+                    const float4 *qs = fwd13_qgx<C>() + (x * NCH + ch) * 64 + lane;
+                    const float4 a = qs[0], b = qs[32];
+                    d = a.x * v[ch][0];
+                    d = fmaf(a.y, v[ch][1], d); d = fmaf(a.z, v[ch][2], d); d = fmaf(a.w, v[ch][3], d);
+                    d = fmaf(b.x, v[ch][4], d); d = fmaf(b.y, v[ch][5], d); d = fmaf(b.z, v[ch][6], d);
+                    d = fmaf(b.w, v[ch][7], d);
+                }
+                y[x * U + ch / CPH] += d;
+            }
+        }
+        fwd14_reduce<G>(y, lane);
+        float s2[SL];
+        bool up = false;
+#pragma unroll
+        for (int m = 0; m < SL; m++) { s2[m] = ri * y[m]; up |= s2[m] > m2[m] + FWD14_TAU; }
+        if (__any_sync(0xffffffffu, up)) {   // raise the max of every owned value (rare after the first rows)
+            float sc[SL], scv[V];
+#pragma unroll
+            for (int m = 0; m < SL; m++) {
+                const float mn = fmaxf(m2[m], s2[m]);
+                sc[m] = ex2_ftz(m2[m] - mn);   // m2 = -inf: 0
+                l[m] *= sc[m];
+                m2[m] = mn;
+            }
+            fwd14_bcast_all<G>(scv, sc);
+#pragma unroll
+            for (int x = 0; x < XS; x++) {
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { acc[x][ch][k] *= scv[x * U + ch / CPH]; }
+                }
+            }
+        }
+        float p[SL], pv[V];
+#pragma unroll
+        for (int m = 0; m < SL; m++) { p[m] = ex2_ftz(s2[m] - m2[m]); l[m] += p[m]; }
+        fwd14_bcast_all<G>(pv, p);
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { acc[x][ch][k] = fmaf(pv[x * U + ch / CPH], v[ch][k], acc[x][ch][k]); }
+            }
+        }
+    }
+    // lse of each owned value (natural log), by the lane of its segment with the untransposed bits 0;
+    // 1 / l to every lane
+    float inv[SL], invv[V];
+#pragma unroll
+    for (int m = 0; m < SL; m++) {
+        inv[m] = 1.0f / l[m];
+        const int k = G::value_of(m, lane);
+        if (k < V && (lane & ((1 << (G::R - G::T)) - 1)) == 0) {
+            const int x = k / U, hd = head_of<C, H>((k % U) * CPH, lane);
+            const float ls = (m2[m] + log2f(l[m])) * FWD14_LN2;
+            if (x == 0) { lse[(size_t)t * H + hd] = ls; }
+            else { pl[((size_t)(x - 1) * N + t) * H + hd] = ls; }
+        }
+    }
+    fwd14_bcast_all<G>(invv, inv);
+#pragma unroll
+    for (int x = 1; x < XS; x++) {   // the extra sites' partials hbar = acc / l
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { acc[x][ch][k] *= invv[x * U + ch / CPH]; }
+            st_f8(ph + ((size_t)(x - 1) * N + t) * C + ch * 256 + lane * 8, acc[x][ch]);
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) { acc[0][ch][k] *= invv[ch / CPH]; ss += acc[0][ch][k] * acc[0][ch][k]; }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * 256 + lane * 8;
+        float gw[8], uu[8];
+        ld_f8(g + c0, gw);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { uu[k] = acc[0][ch][k] * rs * gw[k]; }
+        st_bf8(hout + (size_t)t * C + c0, acc[0][ch]);
+        st_bf8(uout + (size_t)t * C + c0, uu);
     }
     if (lane == 0) { rstd[t] = rs; }
 }
@@ -2267,6 +2527,117 @@ static bool selftest_v13(uint64_t seed) {
                good ? "ok" : "FAIL");
     }
     return ok;
+}
+
+// v14 on the host: (1) fwd14_reduce's transposing butterfly and fwd14_bcast's
+// indexed shuffles, emulated lane by lane for every (C, H, KX) built: each lane's
+// slot m must hold its segment's sum of value value_of(m, lane), each broadcast
+// value K the segment's sum of K, and each (segment, value < V) have exactly one
+// lse writer; (2) the lazy-rescale online softmax in base 2 (fp32, exp2f for
+// ex2_ftz), from scratch or from a partial, against float64 on score sequences
+// with jumps above and below FWD14_TAU.
+template <class G> static bool selftest_v14_geo(uint64_t *rng, int C, int H, int KX) {
+    constexpr int P = G::P, SEG = G::SEG;
+    float y[32][P];
+    double want[32][P];
+    for (int ln = 0; ln < 32; ln++) {
+        for (int k = 0; k < P; k++) { y[ln][k] = k < G::V ? (float)rng_normal(rng) : 0.0f; }
+    }
+    for (int ln = 0; ln < 32; ln++) {
+        for (int k = 0; k < P; k++) {
+            want[ln][k] = 0.0;
+            for (int o = 0; o < SEG; o++) { want[ln][k] += y[(ln & ~(SEG - 1)) + o][k]; }
+        }
+    }
+    for (int r = 0; r < G::T; r++) {   // as fwd14_reduce: __shfl_xor_sync(send, o) reads lane ^ o's send
+        const int half = P >> (r + 1), o = SEG >> (r + 1);
+        float ny[32][P];
+        for (int ln = 0; ln < 32; ln++) {
+            for (int m = 0; m < half; m++) {
+                const int pt = ln ^ o;
+                const bool hi = (ln & o) != 0, phi = (pt & o) != 0;
+                const float keep = hi ? y[ln][m + half] : y[ln][m], send = phi ? y[pt][m] : y[pt][m + half];
+                ny[ln][m] = keep + send;
+            }
+        }
+        for (int ln = 0; ln < 32; ln++) { for (int m = 0; m < half; m++) { y[ln][m] = ny[ln][m]; } }
+    }
+    for (int o = SEG >> (G::T + 1); o > 0; o >>= 1) {
+        float ny[32][P];
+        for (int ln = 0; ln < 32; ln++) { for (int m = 0; m < G::SL; m++) { ny[ln][m] = y[ln][m] + y[ln ^ o][m]; } }
+        for (int ln = 0; ln < 32; ln++) { for (int m = 0; m < G::SL; m++) { y[ln][m] = ny[ln][m]; } }
+    }
+    bool ok = true;
+    double err = 0.0;
+    int writers[32][P] = {};
+    for (int ln = 0; ln < 32; ln++) {
+        for (int m = 0; m < G::SL; m++) {
+            const int k = G::value_of(m, ln);
+            ok = ok && k >= 0 && k < P;
+            if (!ok) { break; }
+            err = std::max(err, fabs(y[ln][m] - want[ln][k]));
+            if (k < G::V && (ln & ((1 << (G::R - G::T)) - 1)) == 0) { writers[ln & ~(SEG - 1)][k]++; }
+        }
+        for (int K = 0; K < G::V && ok; K++) {   // as fwd14_bcast: width SEG, source lane relative to the segment
+            const int srcl = G::T == 0 ? ln : (ln & ~(SEG - 1)) + ((K >> (G::LP - G::T)) << (G::R - G::T));
+            err = std::max(err, fabs(y[srcl][K & (G::SL - 1)] - want[ln][K]));
+        }
+    }
+    for (int s = 0; s < 32 && ok; s += SEG) {
+        for (int k = 0; k < G::V; k++) { ok = ok && writers[s][k] == 1; }
+    }
+    ok = ok && err <= 1e-4;
+    if (!ok) { printf("  v14 reduce C=%d H=%d KX=%d: FAIL (max err %.1e)\n", C, H, KX, err); }
+    return ok;
+}
+template <int C, int H> static bool selftest_v14_geos(uint64_t *rng) {
+    return selftest_v14_geo<Fwd14<C, H, 0>>(rng, C, H, 0) & selftest_v14_geo<Fwd14<C, H, 1>>(rng, C, H, 1) &
+           selftest_v14_geo<Fwd14<C, H, 2>>(rng, C, H, 2) & selftest_v14_geo<Fwd14<C, H, 3>>(rng, C, H, 3);
+}
+static bool selftest_v14(uint64_t seed) {
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
+    bool ok = selftest_v14_geos<512, 1>(&rng) & selftest_v14_geos<512, 2>(&rng) & selftest_v14_geos<512, 4>(&rng) &
+              selftest_v14_geos<512, 8>(&rng) & selftest_v14_geos<512, 16>(&rng) & selftest_v14_geos<1024, 1>(&rng) &
+              selftest_v14_geos<1024, 2>(&rng) & selftest_v14_geos<1024, 4>(&rng) & selftest_v14_geos<1024, 8>(&rng) &
+              selftest_v14_geos<1024, 16>(&rng);
+    printf("v14 transposing head sums, every (C, H, KX) built: %s\n", ok ? "ok" : "FAIL");
+    double el = 0.0, eh = 0.0;
+    int rescales = 0, rows = 0;
+    for (int it = 0; it < 400; it++) {
+        const int n = 1 + it % 25, from = it % 3 == 0;   // from a partial: lse_p, hbar
+        std::vector<double> s(n), v(n);
+        double walk = 30.0 * rng_normal(&rng);
+        for (int i = 0; i < n; i++) {   // natural-log scores: small steps, and jumps of up to +-60
+            walk += (rng_f32(&rng) < 0.2 ? 60.0 : 3.0) * (2.0 * rng_f32(&rng) - 1.0);
+            s[i] = walk; v[i] = rng_normal(&rng);
+        }
+        const double lp = from ? walk + 10.0 * rng_normal(&rng) : 0.0, hb = from ? rng_normal(&rng) : 0.0;
+        double mx = from ? lp : -1e300;
+        for (int i = 0; i < n; i++) { mx = std::max(mx, s[i]); }
+        double sum = from ? exp(lp - mx) : 0.0, mix = from ? exp(lp - mx) * hb : 0.0;
+        for (int i = 0; i < n; i++) { sum += exp(s[i] - mx); mix += exp(s[i] - mx) * v[i]; }
+        const double lse_ref = mx + log(sum), h_ref = mix / sum;
+        // the kernel's update, in fp32
+        float m2 = from ? (float)lp * FWD14_LOG2E : -INFINITY, l = from ? 1.0f : 0.0f, acc = from ? (float)hb : 0.0f;
+        for (int i = 0; i < n; i++) {
+            const float s2 = (float)s[i] * FWD14_LOG2E;
+            rows++;
+            if (s2 > m2 + FWD14_TAU) {
+                const float mn = std::max(m2, s2), sc = exp2f(m2 - mn);
+                l *= sc; acc *= sc; m2 = mn;
+                rescales++;
+            }
+            const float p = exp2f(s2 - m2);
+            l += p; acc = fmaf(p, (float)v[i], acc);
+        }
+        const double lse = (m2 + log2f(l)) * FWD14_LN2, h = acc / l;
+        el = std::max(el, fabs(lse - lse_ref) / (1.0 + fabs(lse_ref)));
+        eh = std::max(eh, fabs(h - h_ref) / (1.0 + fabs(h_ref)));
+    }
+    const bool ok2 = el <= 1e-6 && eh <= 1e-5;
+    printf("v14 lazy-rescale softmax, fp32 vs float64, 400 sequences: lse max err %.1e, mix max err %.1e, "
+           "%d rescales in %d rows: %s\n", el, eh, rescales, rows, ok2 ? "ok" : "FAIL");
+    return ok && ok2;
 }
 
 static bool selftest_v12_index(void) {
@@ -3058,6 +3429,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*gather45)(const Prob &, const Dev &, int k, int ver);
     void (*gather7)(const Prob &, const Dev &, int k);
     void (*fwd13)(const Prob &, const Dev &, int j);
+    void (*fwd14)(const Prob &, const Dev &, int j);
 };
 
 template <int C, int H> struct Impl {
@@ -3116,7 +3488,7 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
-        } else if (ver == 12 || ver == 13) {   // v11's gather, leaner (route_gather_v12_kernel); v13's too
+        } else if (ver >= 12 && ver <= 14) {   // v11's gather, leaner (route_gather_v12_kernel); v13's, v14's too
             constexpr size_t smem = ring_smem12<C>();
             static bool limit_set = false;
             if (!v12_fits(P, k)) {
@@ -3179,29 +3551,33 @@ template <int C, int H> struct Impl {
     }
     // v13: site j by its group in P.lead13: a leader with its extra sites, a site
     // that starts from its partial, or a site alone (KX = 0, no partial: v8's math)
-    template <int KX> static void fwd13_launch(const Prob &P, const Dev &d, int j) {
+    // (V14: v14's kernel, route_fwd_v14_kernel, same arguments and plan)
+    template <int KX, bool V14> static void fwd13_launch(const Prob &P, const Dev &d, int j) {
         const size_t N = P.N;
         constexpr size_t smem = fwd13_smem<C, KX>();
         static bool limit_set = false;
-        ring_smem_limit(route_fwd_v13_kernel<C, H, KX>, smem, limit_set);
+        auto kernel = V14 ? route_fwd_v14_kernel<C, H, KX> : route_fwd_v13_kernel<C, H, KX>;
+        ring_smem_limit(kernel, smem, limit_set);
         const int ld = P.lead13[j], n0 = ld == j ? 0 : P.n[ld];   // n0: sources in the partial
         const float *inh = ld == j ? nullptr : d.p13h + (size_t)(j - ld - 1) * N * C;
         const float *inl = ld == j ? nullptr : d.p13l + (size_t)(j - ld - 1) * N * H;
-        route_fwd_v13_kernel<C, H, KX><<<cdiv(N, 8), 256, smem>>>(
-            d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H, d.slots, d.r, d.src + j * P.J + n0,
-            P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C, d.p13h, d.p13l, inh, inl, P.N);
+        kernel<<<cdiv(N, 8), 256, smem>>>(d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H, d.slots,
+                                          d.r, d.src + j * P.J + n0, P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C,
+                                          d.p13h, d.p13l, inh, inl, P.N);
         LAUNCH_CHECK();
     }
-    static void fwd13(const Prob &P, const Dev &d, int j) {
+    template <bool V14> static void fwd13_any(const Prob &P, const Dev &d, int j) {
         constexpr int XM = v13_kx_max<C>();
         const int kx = v13_extra(P, j);
-        if (kx == 0) { fwd13_launch<0>(P, d, j); }
-        else if (kx == 1 && XM >= 1) { fwd13_launch<1>(P, d, j); }
-        else if (kx == 2 && XM >= 2) { fwd13_launch<XM >= 2 ? 2 : 0>(P, d, j); }
-        else if (kx == 3 && XM >= 3) { fwd13_launch<XM >= 3 ? 3 : 0>(P, d, j); }
-        else { fprintf(stderr, "error: v13: %d extra sites at C=%d (at most %d built)\n", kx, C, XM); exit(1); }
+        if (kx == 0) { fwd13_launch<0, V14>(P, d, j); }
+        else if (kx == 1 && XM >= 1) { fwd13_launch<1, V14>(P, d, j); }
+        else if (kx == 2 && XM >= 2) { fwd13_launch<XM >= 2 ? 2 : 0, V14>(P, d, j); }
+        else if (kx == 3 && XM >= 3) { fwd13_launch<XM >= 3 ? 3 : 0, V14>(P, d, j); }
+        else { fprintf(stderr, "error: v13/v14: %d extra sites at C=%d (at most %d built)\n", kx, C, XM); exit(1); }
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13}; }
+    static void fwd13(const Prob &P, const Dev &d, int j) { fwd13_any<false>(P, d, j); }
+    static void fwd14(const Prob &P, const Dev &d, int j) { fwd13_any<true>(P, d, j); }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -3281,8 +3657,9 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             LAUNCH_CHECK();
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
-        } else if (ver == 13) {
-            ks.fwd13(P, d, j);
+        } else if (ver == 13 || ver == 14) {
+            if (ver == 13) { ks.fwd13(P, d, j); }
+            else { ks.fwd14(P, d, j); }
             if (want_a) {   // a from the stored lse (the kernel does not write it)
                 route_a_kernel<<<cdiv(N * H, 128), 128>>>(d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
                                                           d.slots, d.r, d.src + j * P.J, P.n[j], d.q + j * C,
@@ -3428,8 +3805,8 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // v7: pair every slot pair that shares a G row, not only those that save bytes (the byte rule
     // makes no pair at L=2): every config then runs both kinds of pass. The bench uses the byte rule.
     if (ver == 7) { build_v7_plan(P, -1e30); }
-    // v13: every group the slots allow (up to v13_kmax sites), not only those that save bytes
-    if (ver == 13) { build_v13_plan(P, v13_kmax(C), true); }
+    // v13, v14: every group the slots allow (up to v13_kmax sites), not only those that save bytes
+    if (ver == 13 || ver == 14) { build_v13_plan(P, v13_kmax(C), true); }
     KernelSet ks = kernel_set(C, H);
     HostIn in = make_inputs(P, seed);
     std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
@@ -3459,9 +3836,9 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
     if (ver >= 11) { poison11(); }
-    if (ver == 13) {   // its partials: a read of one never written gives NaN
+    if (ver == 13 || ver == 14) {   // its partials: a read of one never written gives NaN
         CK(cudaMemset(d.p13h, 0xFF, (size_t)(v13_kmax(C) - 1) * NN * (C + H) * 4));
-        printf("v13 plan: %d of %d sites start from a partial, %d of %d source rows read\n", P.v13_starts, P.J,
+        printf("v%d plan: %d of %d sites start from a partial, %d of %d source rows read\n", ver, P.v13_starts, P.J,
                P.v13_rows, P.P);
     }
     run_forward(ver, P, d, ks, true);
@@ -3636,7 +4013,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 13; ver++) {
+    for (int ver = 1; ver <= 14; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -3698,8 +4075,8 @@ int main(int argc, char **argv) {
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 13 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..13) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 14 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..14) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -3708,7 +4085,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 13 : std::max(ver, std::min(vmax, 13));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 14 : std::max(ver, std::min(vmax, 14));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

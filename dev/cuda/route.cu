@@ -115,6 +115,18 @@ Versions (NOTES_route.md has the byte counts and predictions):
       trainer's live in route_G; --check poisons them first. --cpu-selftest
       checks the plans on every L <= 13 and S, and the partials' algebra in
       float64.
+  v14 v13 with a leaner grouped forward (route_fwd_v14_kernel<C, H, KX>; written
+      2026-11-30, NOT YET RUN on a GPU): same interface, plan, partials (lse_p in
+      natural log) and backward (v12's); fewer instructions per (site, source
+      row) pair: scores in base 2 (log2 e folded into qg once, one ex2.approx.ftz
+      a weight), the KX + 1 sites' head partials reduced together by a
+      transposing butterfly (each lane then owns some of the (site, head) sums
+      and runs their max / sum / weight; the weights go back by one indexed
+      shuffle each), the running max raised only when a score passes it by more
+      than FWD14_TAU = 8 (base 2; one warp vote a row, else acc += p v: one FMA
+      a channel), the row unpacked once for all sites. No spills at C = 512 and
+      1024, KX 0..3. --cpu-selftest emulates the butterfly lane by lane on
+      every (C, H, KX) built and the lazy rescale in fp32 against float64.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -148,6 +160,10 @@ allowed); --bench 100M full mode H=8, plan by cost (8.63 GB, 12 sites from a
 partial): forward v12 3.301 -> v13 2.996 ms (1.03x -> 1.47x its floor): the
 extra sites' work, not bytes, bounds the grouped kernels now (NOTES_route.md,
 "v13 measured").
+v14 (leaner grouped forward) written, NOT YET RUN on a GPU: compiled (no
+spills), --cpu-selftest PASS; the loop's PTX per source row at C=512 H=8 KX=3
+631 -> 331 instructions; NOTES_route.md, "v14 (leaner grouped forward)", has
+the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

@@ -2411,6 +2411,296 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     if (lane == 0) { rstd[t] = rs; }
 }
 
+// ----------------------------------------------------------------------------
+// v14 of the routing forward (lab dev/cuda/route.cu route_fwd_v14_kernel;
+// NOTES_route.md "v14 in the trainer"): route_forward_kernel's outputs,
+// partials and plan with fewer instructions per (site, source row), for the
+// bf16 ring layouts (VEC = 8, NCH <= 4); chosen at run time by
+// MHAR_FWD_KERNEL=v14 (default v13: route_forward_kernel, unchanged).
+//   - base 2: qg2 = qg log2(e), so s2 = r_i qg2.v is the score in base 2 and
+//     every weight or rescale factor is one ex2.approx; lse and lse_p are
+//     stored in natural log, (m2 + log2 l) ln 2, as before.
+//   - the head partials of all the group's sites in one transposing butterfly
+//     (fwd14_reduce): each round halves the values a lane keeps, so a lane ends
+//     up owning SL of them and runs the softmax scalars (max, sum, weight) for
+//     those only; the weights go back to the head's lanes by one shuffle each
+//     (fwd14_bcast).
+//   - lazy rescale: a running max m2 is raised only when a score passes it by
+//     more than FWD14_TAU (then a weight is at most 2^TAU), decided for the
+//     warp by one vote; otherwise a row costs one ex2 per owned value and
+//     acc += p v. Exact in real arithmetic: l and acc carry the same 2^-m2.
+//   - the source row unpacked once for all the group's sites.
+#define FWD14_TAU 8.0f
+#define ROUTE_LN2 0.6931471805599453f
+
+// whether a layout has the v14 kernels: the ring (bf16, VEC = 8) and C <= 1024
+template <int VEC, int NCH> __host__ __device__ constexpr bool route_fwd14_ok() {
+    return route_ring<VEC>() && VEC == 8 && NCH <= 4;
+}
+// 2^x as one MUFU.EX2 (results below 2^-126 flushed to zero; 2^-inf = 0)
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+constexpr int cx_log2(int x) { return x <= 1 ? 0 : 1 + cx_log2(x / 2); }       // floor(log2 x)
+constexpr int cx_pow2_ceil(int x) { return x <= 1 ? 1 : 2 * cx_pow2_ceil((x + 1) / 2); }
+
+// v14's values in a lane (layout <8, NCH, SEG>, KX extra sites): value k =
+// x NCH + ch is this lane's part of site x's score in chunk ch, summed over
+// the head's chunks first when a head spans several (cph > 1: the head's
+// chunks then hold equal copies). V values, padded with zeros to P = 2^LP. A
+// head is a segment of SEG = 2^R lanes; after T = min(R, LP) transposing
+// rounds a lane owns SL = P / 2^T values: its slot m holds value value_of(m).
+template <int NCH, int SEG, int KX> struct Fwd14Lanes {
+    static constexpr int V = (KX + 1) * NCH, P = cx_pow2_ceil(V), LP = cx_log2(P), R = cx_log2(SEG);
+    static constexpr int T = R < LP ? R : LP, SL = P >> T;
+    static __device__ __forceinline__ int value_of(int m, int lane) {
+        return m + (((lane & (SEG - 1)) >> (R - T)) << (LP - T));
+    }
+};
+
+// y (P): this lane's part of each value -> y (SL): the head segment's sum of
+// each value this lane owns (Fwd14Lanes). Round r pairs value m with m + half:
+// the lane with segment bit SEG >> (r+1) set keeps the upper half and sends the
+// lower, its partner the reverse; the segment bits below the T rounds end with
+// a plain butterfly on the SL kept values.
+template <class G> __device__ __forceinline__ void fwd14_reduce(float (&y)[G::P], int lane) {
+#pragma unroll
+    for (int r = 0; r < G::T; r++) {
+        const int half = G::P >> (r + 1), o = (1 << G::R) >> (r + 1);
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int m = 0; m < half; m++) {
+            const float send = hi ? y[m] : y[m + half], keep = hi ? y[m + half] : y[m];
+            y[m] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int o = (1 << G::R) >> (G::T + 1); o > 0; o >>= 1) {
+#pragma unroll
+        for (int m = 0; m < G::SL; m++) { y[m] += __shfl_xor_sync(0xffffffffu, y[m], o); }
+    }
+}
+// value k (of V) of this lane's head segment, read from a lane that owns it
+// (slot k mod SL of the segment's lane (k / SL) << (R - T)); z (SL): the owned
+// values; k a compile-time index after unrolling. fwd14_bcast: all V of them.
+template <class G> __device__ __forceinline__ float fwd14_bcast1(const float (&z)[G::SL], int k) {
+    if constexpr (G::T == 0) { return z[k]; }
+    else { return __shfl_sync(0xffffffffu, z[k % G::SL], (k / G::SL) << (G::R - G::T), 1 << G::R); }
+}
+template <class G> __device__ __forceinline__ void fwd14_bcast(float (&out)[G::V], const float (&z)[G::SL]) {
+#pragma unroll
+    for (int k = 0; k < G::V; k++) { out[k] = fwd14_bcast1<G>(z, k); }
+}
+
+// One site, v14 (route_forward_kernel's contract, layout <8, NCH, SEG>):
+// u (N, C) floatX, rstd (N), h (N, C) floatX, lse (N, H) natural log, from
+// the n sources src (slots (nslots, N, C), r (nslots, N)) and qg (KX+1, C);
+// KX > 0: the next KX sites' partials out.ph (KX, N, C) fp32 hbar and out.pl
+// (KX, N, H) lse_p (natural log); PART: start from in.ph (N, C), in.pl (N, H).
+// One warp per position; sources through the row ring; the group's qg2 in
+// registers (KX = 0) or in shared memory after the ring (route_forward_kernel's
+// float4 [KX+1][NCH][2][32] table, scaled by log2 e).
+template <int NCH, int SEG, int KX = 0, bool PART = false>
+__global__ void __launch_bounds__(256, KX == 0 ? ROUTE_MIN_BLOCKS(8, NCH) : (NCH <= 2 ? 2 : 1))
+route_forward14_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
+                       const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ qg,
+                       const floatX *__restrict__ g, int N, RouteGeo geo, RoutePartials out, RoutePartials in) {
+    static_assert(route_fwd14_ok<8, NCH>() && SEG >= 1 && KX <= route_fwd_kx_max<8, NCH>(), "v14: bf16 ring layouts");
+    typedef Fwd14Lanes<NCH, SEG, KX> G;
+    constexpr int VEC = 8, W = 32 * VEC, XS = KX + 1, V = G::V, P = G::P, SL = G::SL;
+    // <8, 2, SEG> with 3 extra sites (2 blocks a SM: 128 registers): the copy of row i + ROUTE_RING - 1 is
+    // issued at the end of iteration i, after the math, not before it: before, ptxas spilled 4-16 bytes at
+    // SEG = 1, 2, 4, 8, 16 (also with the row unpacked twice); the ring is then one row less ahead during the math
+    constexpr bool LATE_ISSUE = NCH == 2 && KX == 3;
+    const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    extern __shared__ __align__(16) unsigned char route_smem[];
+    float4 *qgs = reinterpret_cast<float4 *>(route_smem + route_ring_smem<VEC, NCH>());   // (KX > 0)
+    if constexpr (KX > 0) {   // the sites' qg2, zeros past C; every thread, before any returns
+        for (int i = threadIdx.x; i < XS * NCH * 64; i += blockDim.x) {
+            const int x = i / (NCH * 64), c = (i % (NCH * 64)) / 64 * W + i % 32 * 8 + (i % 64) / 32 * 4;
+            float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (c < geo.C) {
+                z = *reinterpret_cast<const float4 *>(qg + (size_t)x * geo.C + c);
+                z = make_float4(z.x * ROUTE_LOG2E, z.y * ROUTE_LOG2E, z.z * ROUTE_LOG2E, z.w * ROUTE_LOG2E);
+            }
+            qgs[i] = z;
+        }
+        __syncthreads();
+    }
+    if (t >= N) { return; }
+    const int C = geo.C, H = geo.H, HC = C / H;
+    Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
+    float *ring_r = ring_floats<VEC, NCH>(route_smem);
+    float qgl[KX == 0 ? NCH : 1][VEC];   // KX = 0: qg2 in registers
+    float acc[XS][NCH][VEC];             // site x's unnormalised mix (x = 0: this site)
+    float m2[SL], l[SL];                 // running max (base 2) and sum of each owned value
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * W + lane * VEC;
+        if constexpr (KX == 0) {
+            ld_f(qgl[ch], qg, c0, C);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { qgl[ch][k] *= ROUTE_LOG2E; }
+        }
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+            if (PART && x == 0) { ld_f(acc[0][ch], in.ph + (size_t)t * C, c0, C); }   // mix hbar
+            else {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { acc[x][ch][k] = 0.0f; }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < SL; m++) {   // PART: this site's values start at sum 1, running max lse_p (base 2)
+        const int k = G::value_of(m, lane), c = k % NCH * W + (lane & ~(SEG - 1)) * VEC;   // head's first channel
+        m2[m] = -INFINITY; l[m] = 0.0f;
+        if (PART && k < NCH) { m2[m] = c < C ? in.pl[(size_t)t * H + c / HC] * ROUTE_LOG2E : 0.0f; l[m] = 1.0f; }
+    }
+    // source i (and its r, copied by lane 0) into ring stage i % ROUTE_RING; one commit group per source
+    auto issue = [&](int i) {
+        if (i < n) {
+            const size_t row = (size_t)src[i] * N + t;
+            ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
+            if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
+        }
+        cp_async_commit();
+    };
+    for (int i = 0; i < ROUTE_RING - 1; i++) { issue(i); }
+    for (int i = 0; i < n; i++) {
+        cp_async_wait<ROUTE_RING - 2>();   // source i's group is complete
+        __syncwarp();                      // and lane 0's copy of its r is visible
+        const int st = i & (ROUTE_RING - 1);
+        float v[NCH][VEC];   // source i, unpacked once for every site
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { unpack(ring[(st * NCH + ch) * 32 + lane], v[ch]); }
+        const float ri = ring_r[st];
+        if (!LATE_ISSUE) { issue(i + ROUTE_RING - 1); }   // into the stage of source i-1, which every lane has read
+        float y[P];   // this lane's part of each value (qg2 . v per site and chunk), zero padding
+#pragma unroll
+        for (int k = 0; k < P; k++) { y[k] = 0.0f; }
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                float q8[VEC];
+                if constexpr (KX == 0) {
+#pragma unroll
+                    for (int k = 0; k < VEC; k++) { q8[k] = qgl[ch][k]; }
+                } else {
+                    const float4 a = qgs[(x * NCH + ch) * 64 + lane], b = qgs[(x * NCH + ch) * 64 + 32 + lane];
+                    q8[0] = a.x; q8[1] = a.y; q8[2] = a.z; q8[3] = a.w; q8[4] = b.x; q8[5] = b.y; q8[6] = b.z; q8[7] = b.w;
+                }
+                float d = q8[0] * v[ch][0];
+#pragma unroll
+                for (int k = 1; k < VEC; k++) { d = fmaf(q8[k], v[ch][k], d); }
+                y[x * NCH + ch] = d;
+            }
+        }
+        if constexpr (SEG == 32 && NCH > 1) {   // heads of several chunks: each chunk's value is its head's part
+            if (geo.cph > 1) {
+#pragma unroll
+                for (int x = 0; x < XS; x++) {
+                    float z[NCH];
+#pragma unroll
+                    for (int ch = 0; ch < NCH; ch++) {
+                        z[ch] = 0.0f;
+#pragma unroll
+                        for (int c2 = 0; c2 < NCH; c2++) { if ((geo.grp[ch] >> c2) & 1u) { z[ch] += y[x * NCH + c2]; } }
+                    }
+#pragma unroll
+                    for (int ch = 0; ch < NCH; ch++) { y[x * NCH + ch] = z[ch]; }
+                }
+            }
+        }
+        fwd14_reduce<G>(y, lane);
+        float s2[SL];
+        bool up = false;
+#pragma unroll
+        for (int m = 0; m < SL; m++) { s2[m] = ri * y[m]; up |= s2[m] > m2[m] + FWD14_TAU; }
+        if (__any_sync(0xffffffffu, up)) {   // raise every owned max (always on the first row of a fresh site)
+            float sc[SL];
+#pragma unroll
+            for (int m = 0; m < SL; m++) {
+                const float mn = fmaxf(m2[m], s2[m]);
+                sc[m] = ex2_approx(m2[m] - mn);   // m2 = -inf: 0
+                l[m] *= sc[m];
+                m2[m] = mn;
+            }
+#pragma unroll
+            for (int x = 0; x < XS; x++) {
+#pragma unroll
+                for (int ch = 0; ch < NCH; ch++) {
+                    const float f = fwd14_bcast1<G>(sc, x * NCH + ch);
+#pragma unroll
+                    for (int k = 0; k < VEC; k++) { acc[x][ch][k] *= f; }
+                }
+            }
+        }
+        float p[SL];
+#pragma unroll
+        for (int m = 0; m < SL; m++) { p[m] = ex2_approx(s2[m] - m2[m]); l[m] += p[m]; }
+#pragma unroll
+        for (int x = 0; x < XS; x++) {
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const float w = fwd14_bcast1<G>(p, x * NCH + ch);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { acc[x][ch][k] = fmaf(w, v[ch][k], acc[x][ch][k]); }
+            }
+        }
+        if (LATE_ISSUE) { issue(i + ROUTE_RING - 1); }
+    }
+    // lse (x = 0) and lse_p (x >= 1) of each owned value, natural log, by one lane per (segment, value) and
+    // only for a head's first chunk; then 1 / l of every value to the head's lanes
+    float inv[SL], invv[V];
+#pragma unroll
+    for (int m = 0; m < SL; m++) {
+        inv[m] = 1.0f / l[m];
+        const int k = G::value_of(m, lane), x = k / NCH, ch = k % NCH, c = ch * W + (lane & ~(SEG - 1)) * VEC;
+        if (k < V && (lane & ((1 << (G::R - G::T)) - 1)) == 0 && c < C && ch % geo.cph == 0) {
+            const float ls = (m2[m] + log2f(l[m])) * ROUTE_LN2;
+            if (x == 0) { lse[(size_t)t * H + c / HC] = ls; }
+            else { out.pl[((size_t)(x - 1) * N + t) * H + c / HC] = ls; }
+        }
+    }
+    fwd14_bcast<G>(invv, inv);
+#pragma unroll
+    for (int x = 1; x < XS; x++) {   // the extra sites' partials: hbar = acc / l
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int c0 = ch * W + lane * VEC;
+            if (c0 >= C) { continue; }
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { acc[x][ch][k] *= invv[x * NCH + ch]; }
+            st_f(out.ph + ((size_t)(x - 1) * N + t) * C + c0, acc[x][ch]);
+        }
+    }
+    // h = sum_i a v_i;  u = rmsnorm(h; g), from h rounded to floatX as stored (route_forward_kernel's epilogue)
+    float ss = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { acc[0][ch][k] *= invv[ch]; ss += acc[0][ch][k] * acc[0][ch][k]; }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / C + 1e-6f);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        const int c0 = ch * W + lane * VEC;
+        if (c0 >= C) { continue; }
+        float gw[VEC], hq[VEC], uu[VEC];
+        ld_param(gw, g, c0, C);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { hq[k] = toF(fromF<floatX>(acc[0][ch][k])); uu[k] = hq[k] * rs * gw[k]; }
+        st_lane(hout + (size_t)t * C + c0, hq);
+        st_lane(uout + (size_t)t * C + c0, uu);
+    }
+    if (lane == 0) { rstd[t] = rs; }
+}
+
 // The most sites a routing forward group has for a layout (1 + its most extra sites)
 int route_fwd_kmax(const RouteGeo &geo) {
     int k = 1;
@@ -2428,6 +2718,24 @@ void route_forward_launch(floatX *u, float *rstd, floatX *h, float *lse, const f
     route_forward_kernel<VEC, NCH, SEG, KX, PART><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg,
                                                                                 g, (int)N, geo, out, in);
 }
+// the same launch for route_forward14_kernel (same shared memory: the ring, then the qg table)
+template <int NCH, int SEG, int KX, bool PART>
+void route_forward14_launch(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r,
+                            const int *src, int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo,
+                            RoutePartials out, RoutePartials in) {
+    constexpr size_t smem = route_fwd_smem<8, NCH, KX>();
+    static bool limit_set = false;
+    route_smem_limit(route_forward14_kernel<NCH, SEG, KX, PART>, smem, limit_set);
+    route_forward14_kernel<NCH, SEG, KX, PART><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg, g,
+                                                                            (int)N, geo, out, in);
+}
+
+// whether the layout of geo has the v14 routing forward (route_fwd14_ok)
+bool route_fwd14_layout(const RouteGeo &geo) {
+    bool ok = false;
+    route_dispatch(geo, [&](auto lanes) { ok = route_fwd14_ok<decltype(lanes)::vec, decltype(lanes)::nch>(); });
+    return ok;
+}
 
 // u (N, C) = rmsnorm(route(sources); g) and its rstd (N): the input of the
 // sublayer after the site. Keeps h (N, C), the routed mix, and lse (N, H) for
@@ -2437,9 +2745,11 @@ void route_forward_launch(floatX *u, float *rstd, floatX *h, float *lse, const f
 // writes the partials of the next kx sites (whose qg follow its own in qg) into
 // out; in.ph != NULL: the site starts from the partial in, and src, n are its
 // sources after its group leader's. kx = 0 and in.ph == NULL: the plain kernel.
+// v14: route_forward14_kernel (MHAR_FWD_KERNEL=v14) where the layout has it
+// (route_fwd14_ok), else route_forward_kernel.
 void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r, const int *src,
                    int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo, int kx, RoutePartials out,
-                   RoutePartials in) {
+                   RoutePartials in, bool v14) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         constexpr int XM = route_fwd_kx_max<VEC, NCH>();
@@ -2448,8 +2758,15 @@ void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *
                 in.ph != NULL ? " from a partial" : "", VEC, NCH, XM);
         }
         auto launch = [&](auto kxc, auto partc) {   // std::integral_constant: the instance
-            route_forward_launch<VEC, NCH, SEG, decltype(kxc)::value, decltype(partc)::value>(
-                u, rstd, h, lse, slots, r, src, n, qg, g, N, geo, out, in);
+            constexpr int KX = decltype(kxc)::value;
+            constexpr bool PART = decltype(partc)::value;
+            if constexpr (route_fwd14_ok<VEC, NCH>()) {
+                if (v14) {
+                    route_forward14_launch<NCH, SEG, KX, PART>(u, rstd, h, lse, slots, r, src, n, qg, g, N, geo, out, in);
+                    return;
+                }
+            }
+            route_forward_launch<VEC, NCH, SEG, KX, PART>(u, rstd, h, lse, slots, r, src, n, qg, g, N, geo, out, in);
         };
         using std::integral_constant;
         if (in.ph != NULL) { launch(integral_constant<int, 0>(), integral_constant<bool, (XM > 0)>()); }
@@ -3252,6 +3569,8 @@ typedef struct {
     RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
     int *fwd_lead;                  // (J) host: the first site of site j's routing forward group (route_fwd_plan)
     int fwd_kmax, fwd_starts;       // the largest group; the sites that start from a partial
+    int fwd_v14;                    // routing forward kernel: 1 = v14 (MHAR_FWD_KERNEL=v14, where the layout has it)
+    int fwd_v14_asked;              // MHAR_FWD_KERNEL=v14 was asked for (fwd_v14 0: this layout has no v14)
     RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
@@ -3346,9 +3665,18 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     // allow with MHAR_FWD_PLAN=all (the GPU checks, to run the grouped kernels on small models)
     m->fwd_lead = (int *)malloc_check(J * sizeof(int));
     m->fwd_kmax = 1;
+    m->fwd_v14 = m->fwd_v14_asked = 0;
     for (int j = 0; j < J; j++) { m->fwd_lead[j] = j; }
     if (cfg->mode == RES_MHAR) {
         m->route_geo = route_geometry(cfg->C, cfg->H);
+        // the routing forward's kernel: MHAR_FWD_KERNEL=v13 (default: route_forward_kernel) or v14
+        // (route_forward14_kernel, bf16 VEC = 8 layouts with C <= 1024; others keep v13)
+        const char *fk = getenv("MHAR_FWD_KERNEL");
+        if (fk != NULL && fk[0] != '\0' && strcmp(fk, "v13") != 0) {
+            if (strcmp(fk, "v14") != 0) { die("MHAR_FWD_KERNEL=%s: give v13 or v14", fk); }
+            m->fwd_v14_asked = 1;
+            m->fwd_v14 = route_fwd14_layout(m->route_geo) ? 1 : 0;
+        }
         const char *e = getenv("MHAR_FWD_GROUP"), *pl = getenv("MHAR_FWD_PLAN");
         int want = e != NULL && e[0] != '\0' ? atoi(e) : 4;
         if (want < 1) { die("MHAR_FWD_GROUP=%s: give the most sites a routing forward group has (1: no groups)", e); }
@@ -3438,11 +3766,15 @@ void model_alloc_acts(Model *m, int B, int T) {
     m->losses_host = (float *)calloc_check(N, sizeof(float));
     m->maxB = B; m->maxT = T;
 #ifndef TESTING
+    const char *fwd_kernel = m->fwd_v14 ? "kernel v14 (MHAR_FWD_KERNEL)"
+                             : m->fwd_v14_asked ? "kernel v13 (MHAR_FWD_KERNEL=v14: no v14 for this layout)"
+                                                : "kernel v13 (MHAR_FWD_KERNEL=v13|v14)";
     if (mhar && m->fwd_kmax > 1) {
         printf("routing forward: groups of up to %d sites, %d of %zu sites start from a partial (partials %s; "
-               "MHAR_FWD_GROUP=1: none)\n", m->fwd_kmax, m->fwd_starts, J, fwdp_in_G ? "in route_G" : "own buffer");
+               "MHAR_FWD_GROUP=1: none); %s\n", m->fwd_kmax, m->fwd_starts, J, fwdp_in_G ? "in route_G" : "own buffer",
+               fwd_kernel);
     } else if (mhar) {
-        printf("routing forward: every site alone (no group pays at this shape, or MHAR_FWD_GROUP=1)\n");
+        printf("routing forward: every site alone (no group pays at this shape, or MHAR_FWD_GROUP=1); %s\n", fwd_kernel);
     }
 #endif
 }
@@ -3618,7 +3950,8 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
         n0 = m->site_n[lead];
     }
     route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * H, a->slots, a->slot_r,
-                  SITE_SRC(j) + n0, m->site_n[j] - n0, a->route_qg + (size_t)j * C, w, N, m->route_geo, kx, out, in);
+                  SITE_SRC(j) + n0, m->site_n[j] - n0, a->route_qg + (size_t)j * C, w, N, m->route_geo, kx, out, in,
+                  m->fwd_v14);
 #ifdef CHECK_U_RECOMPUTE
     u_check(m, j, u, N, 1);
 #endif

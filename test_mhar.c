@@ -807,20 +807,21 @@ static void check_gpu(void) {
             check_gpu_model("HD=128 T=150", gpu_flash_config(128, 2, 1, 150), &flash[p], quick ? 2 : 5);
         }
     }
-    // The routing forward's v14 kernel (MHAR_FWD_KERNEL=v14: train_mhar.cu route_forward14_kernel, bf16
-    // VEC = 8 layouts only; fp32 and VEC = 1 keep v13): the bf16 comparisons of those layouts once more with
-    // it, same tolerances and steps, groups wherever the slots allow as above (unless MHAR_FWD_KERNEL is set)
+    // The routing forward's previous kernel (MHAR_FWD_KERNEL=v13: train_mhar.cu route_forward_kernel; the
+    // bf16 VEC = 8 layouts above ran route_forward14_kernel, the fp32 build v13 already): the bf16
+    // comparisons of those layouts once more with v13, same tolerances and steps, groups wherever the slots
+    // allow as above (unless MHAR_FWD_KERNEL is set)
     const char *fk = getenv("MHAR_FWD_KERNEL");
     if (fk == NULL || fk[0] == '\0') {
-        setenv("MHAR_FWD_KERNEL", "v14", 1);
-        if (!quick) { check_gpu_model("attnres, forward v14", gpu_test_config(RES_MHAR, 1, 1), &precs[1], 10); }
-        check_gpu_model("block S=4, forward v14", gpu_test_config(RES_MHAR, 4, 4), &precs[1], quick ? 2 : 10);
+        setenv("MHAR_FWD_KERNEL", "v13", 1);
+        if (!quick) { check_gpu_model("attnres, forward v13", gpu_test_config(RES_MHAR, 1, 1), &precs[1], 10); }
+        check_gpu_model("block S=4, forward v13", gpu_test_config(RES_MHAR, 4, 4), &precs[1], quick ? 2 : 10);
         if (!quick) {
-            check_gpu_model("HD=64 T=256, forward v14", gpu_flash_config(64, 4, 2, 256), &flash[1], 5);
-            check_gpu_model("HD=128 T=256, forward v14", gpu_flash_config(128, 2, 1, 256), &flash[1], 5);
+            check_gpu_model("HD=64 T=256, forward v13", gpu_flash_config(64, 4, 2, 256), &flash[1], 5);
+            check_gpu_model("HD=128 T=256, forward v13", gpu_flash_config(128, 2, 1, 256), &flash[1], 5);
         }
-        check_gpu_model("HD=64 T=150, forward v14", gpu_flash_config(64, 4, 2, 150), &flash[1], quick ? 2 : 5);
-        check_gpu_model("HD=128 T=150, forward v14", gpu_flash_config(128, 2, 1, 150), &flash[1], quick ? 2 : 5);
+        check_gpu_model("HD=64 T=150, forward v13", gpu_flash_config(64, 4, 2, 150), &flash[1], quick ? 2 : 5);
+        check_gpu_model("HD=128 T=150, forward v13", gpu_flash_config(128, 2, 1, 150), &flash[1], quick ? 2 : 5);
         unsetenv("MHAR_FWD_KERNEL");
     }
     if (!quick) { check_gpu_trainer_binaries(); }

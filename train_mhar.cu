@@ -2110,6 +2110,19 @@ __device__ __forceinline__ void ring_fill(Packed<VEC> *ring, int st, const float
         cp_async16_zfill(ring + (st * NCH + ch) * 32 + lane, row + (c0 < C ? c0 : 0), c0 < C);
     }
 }
+// The routing forward's issue of source i of n (slots src[i], position t) into ring
+// stage i % ROUTE_RING, its r copied by lane 0 into ring_r; one commit group per
+// source (an empty one past n, so that the waits count the same)
+template <int VEC, int NCH>
+__device__ __forceinline__ void ring_issue_source(Packed<VEC> *ring, float *ring_r, const floatX *slots, const float *r,
+                                                  const int *src, int i, int n, size_t N, int t, int lane, int C) {
+    if (i < n) {
+        const size_t row = (size_t)src[i] * N + t;
+        ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
+        if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
+    }
+    cp_async_commit();
+}
 // Raises a kernel's dynamic shared-memory limit once when smem needs more than the default 48 KB
 template <typename K> void route_smem_limit(K kernel, size_t smem, bool &done) {
     if (!done && smem > 48 * 1024) {
@@ -2265,15 +2278,8 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
             xm[x][ch] = -INFINITY; xl[x][ch] = 0.0f;
         }
     }
-    // RING: source i (and its r, copied by lane 0) into stage i % ROUTE_RING; one commit group per source
-    auto issue = [&](int i) {
-        if (i < n) {
-            const size_t row = (size_t)src[i] * N + t;
-            ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
-            if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
-        }
-        cp_async_commit();
-    };
+    // RING: source i (and its r) into stage i % ROUTE_RING
+    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, N, t, lane, C); };
     Packed<VEC> nxt[NCH];   // (no ring: source i+1, loaded while source i is used)
     float rn = 0.0f;
     if constexpr (RING) {
@@ -2561,15 +2567,8 @@ route_forward14_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, cons
         m2[m] = -INFINITY; l[m] = 0.0f;
         if (PART && k < NCH) { m2[m] = c < C ? in.pl[(size_t)t * H + c / HC] * ROUTE_LOG2E : 0.0f; l[m] = 1.0f; }
     }
-    // source i (and its r, copied by lane 0) into ring stage i % ROUTE_RING; one commit group per source
-    auto issue = [&](int i) {
-        if (i < n) {
-            const size_t row = (size_t)src[i] * N + t;
-            ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
-            if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
-        }
-        cp_async_commit();
-    };
+    // source i (and its r) into ring stage i % ROUTE_RING
+    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, N, t, lane, C); };
     for (int i = 0; i < ROUTE_RING - 1; i++) { issue(i); }
     for (int i = 0; i < n; i++) {
         cp_async_wait<ROUTE_RING - 2>();   // source i's group is complete

@@ -557,6 +557,21 @@ static Config gpu_flash_config(int HD, int NH, int NKV, int T) {
     return c;
 }
 
+// The configs above have C = 32 and 256: in the bf16 build every routing kernel then
+// runs with one chunk of 256 channels a warp (NCH = 1). These reach the layouts of the
+// real models: C = 512 with H = 8 (NCH = 2, heads of 64 channels: the 100M layout),
+// and C = 1024 with H = 1 (NCH = 4, one head over all four chunks: the path where a
+// head's sums add the chunks of its group). L = 2 (5 sites, so the grouped forward
+// makes groups), HD = 64 (flash attention in bf16), T = 64.
+static Config gpu_layout_config(int C, int H) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 77; c.T = 64; c.L = 2; c.C = C; c.NH = C / 64; c.NKV = C / 128; c.F = 128;
+    c.mode = RES_MHAR; c.H = H; c.S = 1;
+    config_finalize(&c, "gpu layout test");
+    return c;
+}
+
 #ifdef MHAR_GPU
 #include "common/gpu_api.h"
 
@@ -806,6 +821,10 @@ static void check_gpu(void) {
             check_gpu_model("HD=64 T=150", gpu_flash_config(64, 4, 2, 150), &flash[p], quick ? 2 : 5);
             check_gpu_model("HD=128 T=150", gpu_flash_config(128, 2, 1, 150), &flash[p], quick ? 2 : 5);
         }
+        if (!quick) {   // 2 training steps: these check kernel layouts, not learning dynamics
+            check_gpu_model("C=512 H=8", gpu_layout_config(512, 8), &flash[p], 2);
+            check_gpu_model("C=1024 H=1", gpu_layout_config(1024, 1), &flash[p], 2);
+        }
     }
     // The routing forward's previous kernel (MHAR_FWD_KERNEL=v13: train_mhar.cu route_forward_kernel; the
     // bf16 VEC = 8 layouts above ran route_forward14_kernel, the fp32 build v13 already): the bf16
@@ -822,6 +841,10 @@ static void check_gpu(void) {
         }
         check_gpu_model("HD=64 T=150, forward v13", gpu_flash_config(64, 4, 2, 150), &flash[1], quick ? 2 : 5);
         check_gpu_model("HD=128 T=150, forward v13", gpu_flash_config(128, 2, 1, 150), &flash[1], quick ? 2 : 5);
+        if (!quick) {
+            check_gpu_model("C=512 H=8, forward v13", gpu_layout_config(512, 8), &flash[1], 2);
+            check_gpu_model("C=1024 H=1, forward v13", gpu_layout_config(1024, 1), &flash[1], 2);
+        }
         unsetenv("MHAR_FWD_KERNEL");
     }
     if (!quick) { check_gpu_trainer_binaries(); }

@@ -738,6 +738,18 @@ static void check_gpu_trainer_binaries(void) {
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
 
+// One entry of check_gpu's list (fields below, where the list is)
+typedef struct { const char *name; Config cfg; int tiny, steps, quick, v14; } GpuCase;
+
+// Precision p (0: fp32, 1: bf16) of case gc, unless the quick subset leaves it out; its name gets suffix
+static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const GpuPrecision *flash, int p, int quick,
+                           const char *suffix) {
+    if (quick && !(gc->quick == 1 || (gc->quick == 2 && p == 1))) { return; }
+    char name[64];
+    snprintf(name, sizeof(name), "%s%s", gc->name, suffix);
+    check_gpu_model(name, gc->cfg, gc->tiny ? &precs[p] : &flash[p], quick ? 2 : gc->steps);
+}
+
 static void check_gpu(void) {
     char why[256] = "";
     if (mhar_gpu_fp32_device_check(why, sizeof(why)) == 0) {
@@ -806,25 +818,25 @@ static void check_gpu(void) {
     const char *qenv = getenv("MHAR_GPU_QUICK");
     int quick = qenv != NULL && qenv[0] != '\0' && strcmp(qenv, "0") != 0;
     if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4 and bf16 flash T=150 only, 2 training steps\n"); }
+    // The comparisons, in order. tiny: the tolerances of precs (else flash); quick: also in the
+    // quick subset, with 2 steps (1: both precisions, 2: bf16 only, the flash build's kernels);
+    // v14: a bf16 layout whose routing forward is v14 by default, compared once more with v13
+    // below. The layout configs train 2 steps: they check kernel layouts, not learning dynamics.
+    const GpuCase cases[] = {
+        {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0, 0},
+        {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0, 1},
+        {"mhar H=8", gpu_test_config(RES_MHAR, 8, 1), 1, 10, 0, 0},
+        {"block S=4", gpu_test_config(RES_MHAR, 4, 4), 1, 10, 1, 1},
+        {"HD=64 T=256", gpu_flash_config(64, 4, 2, 256), 0, 5, 0, 1},
+        {"HD=128 T=256", gpu_flash_config(128, 2, 1, 256), 0, 5, 0, 1},
+        {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 0, 5, 2, 1},   // whole and partial tiles
+        {"HD=128 T=150", gpu_flash_config(128, 2, 1, 150), 0, 5, 2, 1},
+        {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0, 1},
+        {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0, 1},
+    };
+    const int ncases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int p = 0; p < 2; p++) {
-        if (!quick) {
-            check_gpu_model("std", gpu_test_config(RES_STD, 1, 1), &precs[p], 10);
-            check_gpu_model("attnres", gpu_test_config(RES_MHAR, 1, 1), &precs[p], 10);
-            check_gpu_model("mhar H=8", gpu_test_config(RES_MHAR, 8, 1), &precs[p], 10);
-        }
-        check_gpu_model("block S=4", gpu_test_config(RES_MHAR, 4, 4), &precs[p], quick ? 2 : 10);
-        if (!quick) {
-            check_gpu_model("HD=64 T=256", gpu_flash_config(64, 4, 2, 256), &flash[p], 5);
-            check_gpu_model("HD=128 T=256", gpu_flash_config(128, 2, 1, 256), &flash[p], 5);
-        }
-        if (!quick || p == 1) {   // quick: bf16 only (the flash build), T = 150 (whole and partial tiles)
-            check_gpu_model("HD=64 T=150", gpu_flash_config(64, 4, 2, 150), &flash[p], quick ? 2 : 5);
-            check_gpu_model("HD=128 T=150", gpu_flash_config(128, 2, 1, 150), &flash[p], quick ? 2 : 5);
-        }
-        if (!quick) {   // 2 training steps: these check kernel layouts, not learning dynamics
-            check_gpu_model("C=512 H=8", gpu_layout_config(512, 8), &flash[p], 2);
-            check_gpu_model("C=1024 H=1", gpu_layout_config(1024, 1), &flash[p], 2);
-        }
+        for (int k = 0; k < ncases; k++) { check_gpu_case(&cases[k], precs, flash, p, quick, ""); }
     }
     // The routing forward's previous kernel (MHAR_FWD_KERNEL=v13: train_mhar.cu route_forward_kernel; the
     // bf16 VEC = 8 layouts above ran route_forward14_kernel, the fp32 build v13 already): the bf16
@@ -833,17 +845,8 @@ static void check_gpu(void) {
     const char *fk = getenv("MHAR_FWD_KERNEL");
     if (fk == NULL || fk[0] == '\0') {
         setenv("MHAR_FWD_KERNEL", "v13", 1);
-        if (!quick) { check_gpu_model("attnres, forward v13", gpu_test_config(RES_MHAR, 1, 1), &precs[1], 10); }
-        check_gpu_model("block S=4, forward v13", gpu_test_config(RES_MHAR, 4, 4), &precs[1], quick ? 2 : 10);
-        if (!quick) {
-            check_gpu_model("HD=64 T=256, forward v13", gpu_flash_config(64, 4, 2, 256), &flash[1], 5);
-            check_gpu_model("HD=128 T=256, forward v13", gpu_flash_config(128, 2, 1, 256), &flash[1], 5);
-        }
-        check_gpu_model("HD=64 T=150, forward v13", gpu_flash_config(64, 4, 2, 150), &flash[1], quick ? 2 : 5);
-        check_gpu_model("HD=128 T=150, forward v13", gpu_flash_config(128, 2, 1, 150), &flash[1], quick ? 2 : 5);
-        if (!quick) {
-            check_gpu_model("C=512 H=8, forward v13", gpu_layout_config(512, 8), &flash[1], 2);
-            check_gpu_model("C=1024 H=1, forward v13", gpu_layout_config(1024, 1), &flash[1], 2);
+        for (int k = 0; k < ncases; k++) {
+            if (cases[k].v14) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", forward v13"); }
         }
         unsetenv("MHAR_FWD_KERNEL");
     }

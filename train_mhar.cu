@@ -2123,6 +2123,56 @@ __device__ __forceinline__ void ring_issue_source(Packed<VEC> *ring, float *ring
     }
     cp_async_commit();
 }
+// The lean gather (route_slot_backward_kernel<..., LEAN = true>) also copies each
+// reader's lse and S entries into the ring: per warp [ROUTE_RING][2][32] floats
+// (lse, then S, of up to 32 heads), after the packs, in place of the ring's
+// floats (which only the forward uses). 40 KB a block at C = 512 (3 blocks/SM).
+template <int VEC, int NCH, bool LEAN> __host__ __device__ constexpr size_t route_gather_smem() {
+    return LEAN ? 8 * ROUTE_RING * ((size_t)NCH * 32 * 16 + 64 * sizeof(float)) : route_ring_smem<VEC, NCH>();
+}
+template <int NCH> __device__ __forceinline__ float *ring_lse_s(unsigned char *smem) {
+    return reinterpret_cast<float *>(smem + (size_t)8 * ROUTE_RING * NCH * 32 * 16) + (threadIdx.x / 32) * ROUTE_RING * 64;
+}
+// cp.async of 16 or 4 bytes from gmem to the shared address s, of which src_size
+// are read (0: none; the rest is zero-filled); the caller commits the group
+__device__ __forceinline__ void cp_async16z(uint32_t s, const void *gmem, uint32_t src_size) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
+}
+__device__ __forceinline__ void cp_async4z(uint32_t s, const void *gmem, uint32_t src_size) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
+}
+// The lean gather's 32-bit element indices (lab v12's scheme), shared with the
+// host check route_gather_index_check. Per lane, once: its first channel in row t
+// of a (., N, C) array (the row's start when the lane is past C in every chunk,
+// so that zero-byte copies read a valid address), chunk ch's offset from it
+// (0 where the lane is past C: a zero-byte copy), its lse/S entry of row t (lanes
+// from H copy entry 0 again, never read), and dsr's entry (t, hd, 0). Per reader j:
+// + j N C (G), + j N H (lse, S), + j C (qg, from the lane's first channel).
+__host__ __device__ __forceinline__ bool glean_live(int ch, int lane, int C, int VEC) { return ch * 32 * VEC + lane * VEC < C; }
+__host__ __device__ __forceinline__ unsigned glean_row(unsigned t, int lane, int C, int VEC) {
+    return t * (unsigned)C + (lane * VEC < C ? (unsigned)(lane * VEC) : 0u);
+}
+__host__ __device__ __forceinline__ unsigned glean_chunk(int ch, int lane, int C, int VEC) {
+    return glean_live(ch, lane, C, VEC) ? (unsigned)(ch * 32 * VEC) : 0u;
+}
+__host__ __device__ __forceinline__ unsigned glean_ls(unsigned t, int lane, int H) { return t * (unsigned)H + (lane < H ? (unsigned)lane : 0u); }
+__host__ __device__ __forceinline__ unsigned glean_dsr(unsigned t, int hd, int H, int nrp) { return (t * (unsigned)H + (unsigned)hd) * (unsigned)nrp; }
+// dsr's entry of reader jj for chunk ch's head hdc, from the lane's base of chunk 0's head hd0 (glean_dsr)
+__host__ __device__ __forceinline__ unsigned glean_dsr_at(unsigned base0, int hdc, int hd0, int nrp, int jj) {
+    return base0 + (unsigned)((hdc - hd0) * nrp + jj);
+}
+__host__ __device__ __forceinline__ unsigned glean_add(unsigned base, unsigned j, unsigned stride) { return j * stride + base; }
+// the ring stage of reader i, and the lane holding its site (i >= nr: a zero-byte copy from that lane's site)
+__host__ __device__ __forceinline__ int glean_stage(int i) { return i & (ROUTE_RING - 1); }
+__host__ __device__ __forceinline__ int glean_src_lane(int i) { return i & 31; }
+// Whether a slot's gather takes the lean path: the ring (bf16, VEC = 8), at most 32
+// readers (one per lane) and 32 heads (one lse/S entry per lane), and every index
+// below 2^31: J N C into G, J N H into lse and S, N H nrp into dsr.
+static bool route_gather_lean(const RouteGeo &g, int nr, size_t N, size_t J) {
+    const size_t lim = (size_t)1 << 31, C = g.C, H = g.H, nrp = ((size_t)nr + 3) & ~(size_t)3;
+    return g.vec == 8 && sizeof(floatX) == 2 && g.H <= 32 && nr <= 32 && J * N * C < lim && J * N * H < lim &&
+           N * H * nrp < lim;
+}
 // Raises a kernel's dynamic shared-memory limit once when smem needs more than the default 48 KB
 template <typename K> void route_smem_limit(K kernel, size_t smem, bool &done) {
     if (!done && smem > 48 * 1024) {
@@ -2159,12 +2209,15 @@ template <int NCH, int SEG> __device__ __forceinline__ void head_sum(float (&x)[
 
 // The routing head of each of this lane's chunks, and whether the lane is the
 // head's first (the one that stores per-head values); computed once per thread,
-// outside the loops (shifts when SEG < 32 is compiled in).
+// outside the loops (shifts when SEG < 32 is compiled in). Also on the host
+// (route_gather_index_check).
 template <int VEC, int NCH, int SEG>
-__device__ __forceinline__ void lane_heads(int (&hd)[NCH], bool (&first)[NCH], int lane, const RouteGeo &geo) {
+__host__ __device__ __forceinline__ void lane_heads(int (&hd)[NCH], bool (&first)[NCH], int lane, const RouteGeo &geo) {
     constexpr int SG = SEG > 0 && SEG < 32 ? SEG : 1;   // (a divisor also where unused)
     const int HC = geo.C / geo.H;
+#ifdef __CUDA_ARCH__
 #pragma unroll
+#endif
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * 32 * VEC + lane * VEC;
         if (SEG > 0 && SEG < 32) { hd[ch] = ch * (32 / SG) + lane / SG; first[ch] = lane % SG == 0; }
@@ -2950,41 +3003,56 @@ __host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
 // NULL, gets a floatX copy (the input of the matmul backwards of the sublayer
 // that wrote slot k). Also writes dsr (N, H, nrp) = ds_j r for the dq/dgamma pass
 // (nrp = nr rounded up to 4; the padding readers nr .. nrp are not written).
-// Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing.
-// The readers' G rows come through the row ring (bf16), or one reader ahead in
-// registers; their lse and S rows are prefetched into L1 (no registers) at the
-// same time. The loop over the readers is bound by instruction issue (ncu), so
-// it is kept lean: head indices computed once, compile-time head sums, each
-// reader's G row and qg_j read once, the weight through exp2f, two FMAs per
-// element of dv. (Its SASS on sm_90a: 312 instructions per reader, 68 of them
-// FMAs; dev/cuda/NOTES_route.md, "Round 4", has the census.)
-template <int VEC, int NCH, int SEG>
+// Gall (J, N, C), Sall and lseall (J, N, H), qg (J, C); readers (nr) increasing;
+// NC = N C and NH = N H (LEAN only).
+// The loop over the readers is bound by instruction issue (ncu), so it is kept
+// lean: head indices computed once, compile-time head sums, each reader's G row
+// and qg_j read once, the weight through exp2f, two FMAs per element of dv.
+// Two paths (the template bool LEAN, chosen per slot by route_slot_backward):
+// - LEAN (lab v12's scheme; bf16 ring layouts where route_gather_lean holds: at
+//   most 32 readers and 32 heads, every index < 2^31): 32-bit element indices
+//   (per-lane parts computed once, + j N C, + j N H, + j C per reader); lane l
+//   holds readers[l] and reader jj's site comes by one shuffle; the G row and the
+//   reader's lse and S entries (lane h copies head h's) come through the ring by
+//   cp.async in one commit group, and lse/S are read back from shared memory after
+//   the wait and a __syncwarp; the issue has no branch (readers past nr are
+//   zero-byte copies from a valid address into the stage just consumed; all
+//   groups are waited for after the loop); v stays packed (8 registers at C = 512)
+//   behind an empty asm, unpacked per reader. (Lab v12's loop: 237 SASS
+//   instructions per reader against this kernel's old 312; NOTES_route.md, "v12".)
+// - otherwise (VEC = 1, fp32, more than 32 readers or heads, large sizes): the G
+//   rows through the ring (bf16, VEC = 8) or one reader ahead in registers, lse
+//   and S rows prefetched into L1, 64-bit addresses; v_k unpacked once.
+template <int VEC, int NCH, int SEG, bool LEAN>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
                            const float *__restrict__ rk, const floatX *__restrict__ Gall,
                            const float *__restrict__ Sall, const float *__restrict__ lseall,
                            const int *__restrict__ readers, int nr, const float *__restrict__ qg, int chain, int keep32,
-                           int N, RouteGeo geo) {
+                           int N, unsigned NC, unsigned NH, RouteGeo geo) {
     constexpr int W = 32 * VEC;
+    constexpr bool RING = route_ring<VEC>();
+    static_assert(!LEAN || RING, "the lean gather needs the row ring (bf16, VEC = 8)");
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
     const int C = geo.C, H = geo.H;
     int hd[NCH];
     bool first[NCH];
     lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
-    // v_k in fp32 (the compiler may keep it packed and unpack it per reader, to
-    // stay within the register bound), and the next reader's G (no ring). Lanes past
-    // C: G and qg are zeros, so p = e = 0 there whatever v_k holds
-    // (ld_lane_clamped), and they skip the rest.
-    constexpr bool RING = route_ring<VEC>();
+    // v_k in fp32 (old path: the compiler may keep it packed and unpack it per
+    // reader, to stay within the register bound; LEAN: held packed, unpacked per
+    // reader), and the next reader's G (no ring). Lanes past C: G and qg are zeros,
+    // so p = e = 0 there whatever v_k holds (ld_lane_clamped), and they skip the rest.
     extern __shared__ __align__(16) unsigned char route_smem[];
     Packed<VEC> *ring = ring_packs<VEC, NCH>(route_smem);
-    Packed<VEC> nxt[NCH];
+    Packed<VEC> nxt[NCH], vraw[NCH];
     float vf[NCH][VEC], dv[NCH][VEC];
     const float r = rk[t], rl = r * ROUTE_LOG2E;
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
-        unpack(ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C), vf[ch]);
+        const Packed<VEC> vp = ld_lane_clamped<VEC>(v + (size_t)t * C, ch * W + lane * VEC, C);
+        if constexpr (LEAN) { vraw[ch] = vp; }
+        else { unpack(vp, vf[ch]); }
 #pragma unroll
         for (int k = 0; k < VEC; k++) { dv[ch][k] = 0.0f; }
     }
@@ -2999,7 +3067,39 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         }
         cp_async_commit();
     };
-    if constexpr (RING) {
+    // LEAN, per lane: its reader (lane l: readers[l]; site 0 past nr), its G row and lse/S
+    // entry in site 0 (glean_*), its shared addresses in stage 0, dsr's entries of (t, hd)
+    const int nrp = route_nrp(nr);
+    int jl = 0;
+    unsigned gl = 0, li = 0, dsb = 0;
+    uint32_t sg = 0, sls = 0;
+    const float *lsw = ring_lse_s<NCH>(route_smem);
+    if constexpr (LEAN) {
+        jl = lane < nr ? __ldg(readers + lane) : 0;
+        gl = glean_row((unsigned)t, lane, C, VEC);
+        li = glean_ls((unsigned)t, lane, H);
+        sg = (uint32_t)__cvta_generic_to_shared(ring + lane);
+        sls = (uint32_t)__cvta_generic_to_shared(lsw + lane);
+        dsb = glean_dsr((unsigned)t, hd[0], H, nrp);   // chunk ch's: + (hd[ch] - hd[0]) nrp
+    }
+    // LEAN: reader i's G row (this lane's packs; zeros past C) and lse/S entries into stage
+    // i % ROUTE_RING, one commit group; past nr the same with zero bytes read
+    auto issue_lean = [&](int i) {
+        const unsigned j = (unsigned)__shfl_sync(0xffffffffu, jl, glean_src_lane(i));
+        const uint32_t st = (uint32_t)glean_stage(i), live = i < nr;
+        const unsigned g = glean_add(gl, j, NC), l = glean_add(li, j, NH);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            cp_async16z(sg + (st * NCH + ch) * 32 * 16, Gall + (g + glean_chunk(ch, lane, C, VEC)),
+                        live && glean_live(ch, lane, C, VEC) ? 16u : 0u);
+        }
+        cp_async4z(sls + st * 64 * (uint32_t)sizeof(float), lseall + l, live * 4u);
+        cp_async4z(sls + (st * 64 + 32) * (uint32_t)sizeof(float), Sall + l, live * 4u);
+        cp_async_commit();
+    };
+    if constexpr (LEAN) {
+        for (int i = 0; i < ROUTE_RING - 1; i++) { issue_lean(i); }
+    } else if constexpr (RING) {
         for (int jj = 0; jj < ROUTE_RING - 1; jj++) { issue(jj); }
     } else {
         size_t row = (size_t)readers[0] * N + t;
@@ -3008,31 +3108,50 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + row * H); }
     }
     for (int jj = 0; jj < nr; jj++) {
-        const int j = readers[jj];
-        const size_t row = (size_t)j * N + t;
-        const float *qgj = qg + (size_t)j * C, *lsej = lseall + row * H, *Sj = Sall + row * H;
+        // reader j's qg_j (LEAN: at this lane's first channel), lse and S (LEAN: its ring stage)
+        const float *qgj, *lsej, *Sj;
         Packed<VEC> Gp[NCH];
         float G[NCH][VEC], qv[NCH][VEC], p[NCH], e[NCH];   // reader j's G row and qg_j, each read once
-        if constexpr (RING) {
-            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
+        if constexpr (LEAN) {
+            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row and this lane's lse/S entries are in
+            __syncwarp();                      // and every lane's (a lane reads its heads' entries)
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { Gp[ch] = ring[((jj & (ROUTE_RING - 1)) * NCH + ch) * 32 + lane]; }
-            issue(jj + ROUTE_RING - 1);
+            for (int ch = 0; ch < NCH; ch++) {
+                Gp[ch] = ring[(glean_stage(jj) * NCH + ch) * 32 + lane];
+                opaque_words(vraw[ch]);        // v's unpack stays in the loop (v held packed)
+                unpack(vraw[ch], vf[ch]);
+            }
+            opaque_words(dsb);                 // (not recomputed from t in the store's branch)
+            issue_lean(jj + ROUTE_RING - 1);   // into the stage of reader jj-1, which every lane has read
+            qgj = qg + glean_add((unsigned)(lane * VEC), (unsigned)__shfl_sync(0xffffffffu, jl, jj), (unsigned)C);
+            lsej = lsw + glean_stage(jj) * 64;
+            Sj = lsej + 32;
         } else {
+            const int j = readers[jj];
+            const size_t row = (size_t)j * N + t;
+            qgj = qg + (size_t)j * C; lsej = lseall + row * H; Sj = Sall + row * H;
+            if constexpr (RING) {
+                cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
 #pragma unroll
-            for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
-            if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
-                size_t rown = (size_t)readers[jj + 1] * N + t;
+                for (int ch = 0; ch < NCH; ch++) { Gp[ch] = ring[((jj & (ROUTE_RING - 1)) * NCH + ch) * 32 + lane]; }
+                issue(jj + ROUTE_RING - 1);
+            } else {
 #pragma unroll
-                for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
-                if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + rown * H); }
+                for (int ch = 0; ch < NCH; ch++) { Gp[ch] = nxt[ch]; }
+                if (jj + 1 < nr) {   // prefetch the next reader's G, lse and S
+                    size_t rown = (size_t)readers[jj + 1] * N + t;
+#pragma unroll
+                    for (int ch = 0; ch < NCH; ch++) { nxt[ch] = ld_lane<VEC>(Gall + rown * C, ch * W + lane * VEC, C); }
+                    if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + rown * H); }
+                }
             }
         }
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             float pd = 0.0f, ed = 0.0f;
             unpack(Gp[ch], G[ch]);
-            ld_f(qv[ch], qgj, ch * W + lane * VEC, C);
+            if constexpr (LEAN) { ld_f(qv[ch], qgj, ch * W, C - lane * VEC); }
+            else { ld_f(qv[ch], qgj, ch * W + lane * VEC, C); }
 #pragma unroll
             for (int k = 0; k < VEC; k++) { pd += G[ch][k] * vf[ch][k]; ed += qv[ch][k] * vf[ch][k]; }
             p[ch] = pd; e[ch] = ed;
@@ -3051,9 +3170,15 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             for (int k = 0; k < VEC; k++) { dv[ch][k] = fmaf(av, G[ch][k], fmaf(rds, qv[ch][k], dv[ch][k])); }
             if (first[ch]) {   // the head's first lane: u_j . v = sum_h ds_h e_h, and ds r
                 uv += ds * e[ch];
-                dsr[((size_t)t * H + hd[ch]) * route_nrp(nr) + jj] = rds;   // (N, H, nrp)
+                if constexpr (LEAN) { dsr[glean_dsr_at(dsb, hd[ch], hd[0], nrp, jj)] = rds; }
+                else { dsr[((size_t)t * H + hd[ch]) * nrp + jj] = rds; }   // (N, H, nrp)
             }
         }
+    }
+    if constexpr (LEAN) {
+        cp_async_wait<0>();   // the zero-byte copies of readers nr .. nr + ROUTE_RING - 2 (none may land after exit)
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) { unpack(vraw[ch], vf[ch]); }
     }
     // k_i = gamma r_i v_i, r_i = (|v_i|^2/C + eps)^(-1/2): dv -= (r^3 / C) (sum_j u_j . v) v
     const float k3 = r * r * r / C * warp_sum(uv);
@@ -3216,26 +3341,54 @@ static void route_slot_param(float *part, const float *dsr, const floatX *v, int
 // written it (dsr_ready). qpart is the passes' own scratch.
 typedef struct { cudaStream_t stream; cudaEvent_t dsr_ready, dsr_free; } RouteSide;
 
+// Launches route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, raising its shared-memory limit once
+template <int VEC, int NCH, int SEG, bool LEAN>
+static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r,
+                                       const floatX *G, const float *S, const float *lse, const int *readers, int nr,
+                                       const float *qg, int chain, int keep32, size_t N, const RouteGeo &geo) {
+    constexpr size_t smem = route_gather_smem<VEC, NCH, LEAN>();
+    static bool limit_set = false;
+    route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, smem, limit_set);
+    route_slot_backward_kernel<VEC, NCH, SEG, LEAN><<<ceil_div(N, 8), 256, smem>>>(
+        dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg, chain, keep32, (int)N, (unsigned)(N * geo.C),
+        (unsigned)(N * geo.H), geo);
+}
+
+// The lean gather unless MHAR_GATHER=old (the previous path everywhere: an A/B in one
+// binary; both compute the same sums in the same order)
+static bool route_gather_lean_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("MHAR_GATHER");
+        on = !(e != NULL && strcmp(e, "old") == 0);
+    }
+    return on != 0;
+}
+
 // Backward of every routing site into slot k's gradient (see the kernel above),
-// given the G, S of every site j >= k and the forward's lse: writes dslot (N, C)
+// given the G, S of every site j >= k (J sites) and the forward's lse: writes dslot (N, C)
 // when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
 // dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
 // positions of ds r v_k (on side's stream). v (N, C) and r (N) are slot k's; readers (nr)
 // are the sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
-// qpart (ceil(N/128) * nr * C) are scratch.
+// qpart (ceil(N/128) * nr * C) are scratch. The gather takes its lean path where
+// route_gather_lean holds (a run-time choice per slot, between two compiled instances).
 void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *qpart, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
-                         const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N,
+                         const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N, size_t J,
                          const RouteGeo &geo, const RouteSide &side) {
     cudaCheck(cudaStreamWaitEvent(0, side.dsr_free, 0));   // the previous q/gamma pass has read dsr
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
-        constexpr size_t smem = route_ring_smem<VEC, NCH>();
-        static bool limit_set = false;
-        route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG>, smem, limit_set);
-        route_slot_backward_kernel<VEC, NCH, SEG><<<ceil_div(N, 8), 256, smem>>>(dslot, dslotX, dsr, v, r, G, S, lse,
-                                                                                 readers, nr, qg, chain, keep32,
-                                                                                 (int)N, geo);
+        if constexpr (route_ring<VEC>()) {
+            if (route_gather_lean_enabled() && route_gather_lean(geo, nr, N, J)) {
+                route_slot_backward_launch<VEC, NCH, SEG, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg,
+                                                                chain, keep32, N, geo);
+                return;
+            }
+        }
+        route_slot_backward_launch<VEC, NCH, SEG, false>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg, chain,
+                                                         keep32, N, geo);
     });
     launchCheck();
     // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
@@ -3247,6 +3400,86 @@ void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, fl
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
     route_reduce_parts(qv, qpart, rd_pair, (int)P, nr, geo.C, 0, side.stream);
     cudaCheck(cudaEventRecord(side.dsr_free, side.stream));
+}
+
+// The lean gather's index math, on the CPU, for a model's layout, slots and N
+// positions: the glean_* functions and lane_heads (as the kernel calls them)
+// against the 64-bit formulas of the old path, for every slot that takes the lean
+// path, each of its readers and the zero-byte copies after them, every lane and
+// chunk, at positions 0, 1, N/2, N-2, N-1: the G pack copied (live chunks: row
+// j N + t, channel c0; dead ones: a whole pack inside the same row, 0 bytes), the
+// lane's head (= c0 / (C / H)) and head-first flag, that every lane's lse/S slot
+// is inside its stage (< 32, also past C), that the slot a lane reads was copied
+// by the lane of that number from entry (j N + t) H + hd, the qg channels, the dsr
+// entry, and that reader i's site is in lane i and its stage is not one read or
+// pending. Returns the number of slots on the lean path; dies on a mismatch.
+// rd (J, J) host: row k lists the readers of slot k.
+static int route_gather_index_check(const RouteGeo &geo, const int *rd, const int *slot_nr, size_t J, size_t N) {
+    int lean = 0;
+    route_dispatch(geo, [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
+        if constexpr (route_ring<VEC>()) {
+            const int C = geo.C, H = geo.H, HC = C / H, W = 32 * VEC;
+            const unsigned NC = (unsigned)(N * C), NH = (unsigned)(N * H);
+            const size_t ts[5] = {0, 1, N / 2, N - 2, N - 1};
+            auto fail = [&](const char *what, size_t k, int i, size_t t, int lane, int ch) {
+                die("route_gather_index_check: %s (C=%d H=%d VEC=%d NCH=%d SEG=%d, slot %zu, reader %d, position %zu, "
+                    "lane %d, chunk %d)", what, C, H, VEC, NCH, SEG, k, i, t, lane, ch);
+            };
+            for (size_t k = 0; k < J; k++) {
+                const int nr = slot_nr[k], nrp = route_nrp(nr);
+                if (!route_gather_lean(geo, nr, N, J)) { continue; }
+                lean++;
+                for (int i = 0; i < nr + ROUTE_RING - 1; i++) {   // reader i: issued at iteration i - ROUTE_RING + 1
+                    const int it = i - (ROUTE_RING - 1);           // (the prologue: it < 0)
+                    for (int x = (it > 0 ? it : 0); x < i; x++) {  // read at it (after the G row), or pending
+                        if (glean_stage(x) == glean_stage(i)) { fail("stage in use", k, i, 0, -1, -1); }
+                    }
+                    const int sl = glean_src_lane(i);
+                    if (i < nr && sl != i) { fail("reader's lane", k, i, 0, -1, -1); }
+                    const size_t j = sl < nr ? (size_t)rd[k * J + sl] : 0;   // lane sl's site (kernel: jl)
+                    if (j >= J || (i < nr && j != (size_t)rd[k * J + i])) { fail("reader's site", k, i, 0, -1, -1); }
+                    for (int q = 0; q < 5; q++) {
+                        const size_t t = ts[q] < N ? ts[q] : N - 1, row = j * N + t;
+                        for (int lane = 0; lane < 32; lane++) {
+                            int hd[NCH];
+                            bool first[NCH];
+                            lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
+                            const unsigned gl = glean_row((unsigned)t, lane, C, VEC);
+                            if ((size_t)glean_add(glean_ls((unsigned)t, lane, H), (unsigned)j, NH) >= J * N * H) {
+                                fail("lse/S copy out of bounds", k, i, t, lane, -1);
+                            }
+                            for (int ch = 0; ch < NCH; ch++) {
+                                const int c0 = ch * W + lane * VEC;
+                                const bool live = glean_live(ch, lane, C, VEC);
+                                const size_t g = (size_t)glean_add(gl, (unsigned)j, NC) + glean_chunk(ch, lane, C, VEC);
+                                if (live != (c0 < C)) { fail("live chunk", k, i, t, lane, ch); }
+                                if (live && g != row * C + c0) { fail("G pack", k, i, t, lane, ch); }
+                                if (!live && (g < row * C || g + VEC > (row + 1) * C || g % VEC != 0)) {
+                                    fail("zero-byte G copy's address", k, i, t, lane, ch);
+                                }
+                                if (hd[ch] < 0 || hd[ch] >= 32) { fail("head's lse/S slot outside the stage", k, i, t, lane, ch); }
+                                if (i >= nr || !live) { continue; }
+                                if (hd[ch] != c0 / HC || first[ch] != (c0 % HC == 0)) { fail("head", k, i, t, lane, ch); }
+                                // slot hd of the stage: copied by lane hd, of entry glean_ls(t, hd, H) + j N H
+                                if ((size_t)glean_add(glean_ls((unsigned)t, hd[ch], H), (unsigned)j, NH) != row * H + hd[ch]) {
+                                    fail("lse/S entry", k, i, t, lane, ch);
+                                }
+                                if ((size_t)glean_add((unsigned)(lane * VEC), (unsigned)j, (unsigned)C) + ch * W != j * C + c0) {
+                                    fail("qg", k, i, t, lane, ch);
+                                }
+                                if ((size_t)glean_dsr_at(glean_dsr((unsigned)t, hd[0], H, nrp), hd[ch], hd[0], nrp, i) !=
+                                    (t * H + hd[ch]) * (size_t)nrp + i) {
+                                    fail("dsr entry", k, i, t, lane, ch);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+    return lean;
 }
 
 // dq_j[c] += gamma_j[c] * s, dgamma_j[c] += q_j[c] * s, where s sums site j's
@@ -3779,6 +4012,18 @@ void model_alloc_acts(Model *m, int B, int T) {
         printf("routing forward: every site alone (no group pays at this shape, or MHAR_FWD_GROUP=1); %s\n", fwd_kernel);
     }
 #endif
+    if (mhar) {   // the lean gather's index math for this shape, on the CPU (dies on a mismatch)
+        int *rd = (int *)malloc_check(J * J * sizeof(int));
+        cudaCheck(cudaMemcpy(rd, m->slot_rd, J * J * sizeof(int), cudaMemcpyDeviceToHost));
+        int lean = route_gather_index_check(m->route_geo, rd, m->slot_nr, J, N);
+        free(rd);
+#ifndef TESTING
+        printf("routing gather: lean path (v12) for %d of %zu slots%s, index check at N = %zu passed\n", lean, J,
+               route_gather_lean_enabled() ? "" : " (off: MHAR_GATHER=old)", N);
+#else
+        (void)lean;
+#endif
+    }
 }
 
 // Attention sublayer of block l: out (N, C) = Wo attn(rope(qknorm(Wq u)), ...)
@@ -3988,7 +4233,7 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
     route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_qpart, SLOT(j),
                         a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
-                        m->slot_nr[j], a->route_qg, chain, keep32, N, m->route_geo, m->route_side);
+                        m->slot_nr[j], a->route_qg, chain, keep32, N, J, m->route_geo, m->route_side);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position

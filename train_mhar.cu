@@ -2123,23 +2123,18 @@ __device__ __forceinline__ void ring_issue_source(Packed<VEC> *ring, float *ring
     }
     cp_async_commit();
 }
-// The lean gather (route_slot_backward_kernel<..., LEAN = true>) also copies each
-// reader's lse and S entries into the ring: per warp [ROUTE_RING][2][32] floats
-// (lse, then S, of up to 32 heads), after the packs, in place of the ring's
-// floats (which only the forward uses). 40 KB a block at C = 512 (3 blocks/SM).
+// The lean gather (route_slot_backward_kernel<..., LEAN = true>) uses the ring as
+// the old one does (its G rows only); each reader's lse and S entries come from
+// global memory through L1 (prefetched when the reader's row is issued). Staging
+// them in shared memory with per-lane 4-byte copies (the first port, session 6)
+// tripled the kernel's shared-memory wavefronts (ncu, session 7).
 template <int VEC, int NCH, bool LEAN> __host__ __device__ constexpr size_t route_gather_smem() {
-    return LEAN ? 8 * ROUTE_RING * ((size_t)NCH * 32 * 16 + 64 * sizeof(float)) : route_ring_smem<VEC, NCH>();
+    return route_ring_smem<VEC, NCH>();
 }
-template <int NCH> __device__ __forceinline__ float *ring_lse_s(unsigned char *smem) {
-    return reinterpret_cast<float *>(smem + (size_t)8 * ROUTE_RING * NCH * 32 * 16) + (threadIdx.x / 32) * ROUTE_RING * 64;
-}
-// cp.async of 16 or 4 bytes from gmem to the shared address s, of which src_size
+// cp.async of 16 bytes from gmem to the shared address s, of which src_size
 // are read (0: none; the rest is zero-filled); the caller commits the group
 __device__ __forceinline__ void cp_async16z(uint32_t s, const void *gmem, uint32_t src_size) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
-}
-__device__ __forceinline__ void cp_async4z(uint32_t s, const void *gmem, uint32_t src_size) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size) : "memory");
 }
 // The lean gather's 32-bit element indices (lab v12's scheme), shared with the
 // host check route_gather_index_check. Per lane, once: its first channel in row t
@@ -3012,12 +3007,13 @@ __host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
 // - LEAN (lab v12's scheme; bf16 ring layouts where route_gather_lean holds: at
 //   most 32 readers and 32 heads, every index < 2^31): 32-bit element indices
 //   (per-lane parts computed once, + j N C, + j N H, + j C per reader); lane l
-//   holds readers[l] and reader jj's site comes by one shuffle; the G row and the
-//   reader's lse and S entries (lane h copies head h's) come through the ring by
-//   cp.async in one commit group, and lse/S are read back from shared memory after
-//   the wait and a __syncwarp; the issue has no branch (readers past nr are
-//   zero-byte copies from a valid address into the stage just consumed; all
-//   groups are waited for after the loop); v stays packed (8 registers at C = 512)
+//   holds readers[l] and reader jj's site comes by one shuffle; the G row comes
+//   through the ring by cp.async (readers past nr are zero-byte copies from a
+//   valid address into the stage just consumed; all groups are waited for after
+//   the loop), the reader's lse and S rows through L1, prefetched when its row is
+//   issued (session 7: staging them in the ring by per-lane 4-byte cp.async
+//   tripled the shared-memory wavefronts and made the gather 5.6 -> 6.6 ms a
+//   step; NOTES_route.md, "Why lab v12's gather lost"); v stays packed (8 registers at C = 512)
 //   behind an empty asm, unpacked per reader. (Lab v12's loop: 237 SASS
 //   instructions per reader against this kernel's old 312; NOTES_route.md, "v12".)
 // - otherwise (VEC = 1, fp32, more than 32 readers or heads, large sizes): the G
@@ -3071,15 +3067,13 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     // entry in site 0 (glean_*), its shared addresses in stage 0, dsr's entries of (t, hd)
     const int nrp = route_nrp(nr);
     int jl = 0;
-    unsigned gl = 0, li = 0, dsb = 0;
-    uint32_t sg = 0, sls = 0;
-    const float *lsw = ring_lse_s<NCH>(route_smem);
+    unsigned gl = 0, lsb = 0, dsb = 0;
+    uint32_t sg = 0;
     if constexpr (LEAN) {
         jl = lane < nr ? __ldg(readers + lane) : 0;
         gl = glean_row((unsigned)t, lane, C, VEC);
-        li = glean_ls((unsigned)t, lane, H);
+        lsb = glean_ls((unsigned)t, 0, H);   // row t's first lse/S entry
         sg = (uint32_t)__cvta_generic_to_shared(ring + lane);
-        sls = (uint32_t)__cvta_generic_to_shared(lsw + lane);
         dsb = glean_dsr((unsigned)t, hd[0], H, nrp);   // chunk ch's: + (hd[ch] - hd[0]) nrp
     }
     // LEAN: reader i's G row (this lane's packs; zeros past C) and lse/S entries into stage
@@ -3087,14 +3081,13 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     auto issue_lean = [&](int i) {
         const unsigned j = (unsigned)__shfl_sync(0xffffffffu, jl, glean_src_lane(i));
         const uint32_t st = (uint32_t)glean_stage(i), live = i < nr;
-        const unsigned g = glean_add(gl, j, NC), l = glean_add(li, j, NH);
+        const unsigned g = glean_add(gl, j, NC);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             cp_async16z(sg + (st * NCH + ch) * 32 * 16, Gall + (g + glean_chunk(ch, lane, C, VEC)),
                         live && glean_live(ch, lane, C, VEC) ? 16u : 0u);
         }
-        cp_async4z(sls + st * 64 * (uint32_t)sizeof(float), lseall + l, live * 4u);
-        cp_async4z(sls + (st * 64 + 32) * (uint32_t)sizeof(float), Sall + l, live * 4u);
+        if (live && lane < 2) { prefetch_l1((lane ? Sall : lseall) + glean_add(lsb, j, NH)); }   // into L1
         cp_async_commit();
     };
     if constexpr (LEAN) {
@@ -3113,8 +3106,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         Packed<VEC> Gp[NCH];
         float G[NCH][VEC], qv[NCH][VEC], p[NCH], e[NCH];   // reader j's G row and qg_j, each read once
         if constexpr (LEAN) {
-            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row and this lane's lse/S entries are in
-            __syncwarp();                      // and every lane's (a lane reads its heads' entries)
+            cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row is in (this lane's part of it)
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) {
                 Gp[ch] = ring[(glean_stage(jj) * NCH + ch) * 32 + lane];
@@ -3122,10 +3114,11 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
                 unpack(vraw[ch], vf[ch]);
             }
             opaque_words(dsb);                 // (not recomputed from t in the store's branch)
-            issue_lean(jj + ROUTE_RING - 1);   // into the stage of reader jj-1, which every lane has read
-            qgj = qg + glean_add((unsigned)(lane * VEC), (unsigned)__shfl_sync(0xffffffffu, jl, jj), (unsigned)C);
-            lsej = lsw + glean_stage(jj) * 64;
-            Sj = lsej + 32;
+            issue_lean(jj + ROUTE_RING - 1);   // into the stage of reader jj-1, which this lane has read
+            const unsigned jr = (unsigned)__shfl_sync(0xffffffffu, jl, jj);
+            qgj = qg + glean_add((unsigned)(lane * VEC), jr, (unsigned)C);
+            lsej = lseall + glean_add(lsb, jr, NH);   // through L1 (prefetched at the issue)
+            Sj = Sall + glean_add(lsb, jr, NH);
         } else {
             const int j = readers[jj];
             const size_t row = (size_t)j * N + t;

@@ -240,18 +240,28 @@ void matmul_forward(floatX *out, const floatX *inp, const floatX *weight, size_t
 }
 
 enum { DINP_SET = 0, DINP_ADD = 1 };
-// dinp (N, IC) = or += dout . weight (dinp_mode DINP_SET or DINP_ADD; Tdinp: float or floatX);
-// dweight (OC, IC) += dout^T . inp (fp32)
+// The two halves of matmul_forward's backward (out[n][o] = sum_i inp[n][i] * weight[o][i]).
+// dinp (N, IC) = or += dout . weight (dinp_mode DINP_SET or DINP_ADD; Tdinp: float or floatX)
 template <typename Tdinp>
-void matmul_backward(Tdinp *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
-                     size_t N, int IC, int OC, int dinp_mode) {
-    // out[n][o] = sum_i inp[n][i] * weight[o][i]
+void matmul_backward_inp(Tdinp *dinp, const floatX *dout, const floatX *weight, size_t N, int IC, int OC,
+                         int dinp_mode) {
     const float one = 1.0f, beta_dinp = dinp_mode == DINP_ADD ? 1.0f : 0.0f;
     const cudaDataType dinp_type = sizeof(Tdinp) == sizeof(float) ? CUDA_R_32F : CUDA_FLOATX;
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, IC, (int)N, OC, &one, weight, CUDA_FLOATX, IC,
                              dout, CUDA_FLOATX, OC, &beta_dinp, dinp, dinp_type, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+}
+// dweight (OC, IC) += dout^T . inp (fp32)
+void matmul_backward_weight(float *dweight, const floatX *dout, const floatX *inp, size_t N, int IC, int OC) {
+    const float one = 1.0f;
     cublasCheck(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, (int)N, &one, inp, CUDA_FLOATX, IC,
                              dout, CUDA_FLOATX, OC, &one, dweight, CUDA_R_32F, IC, CUBLAS_COMPUTE, CUBLAS_GEMM_DEFAULT));
+}
+// both: dinp, then dweight
+template <typename Tdinp>
+void matmul_backward(Tdinp *dinp, float *dweight, const floatX *dout, const floatX *inp, const floatX *weight,
+                     size_t N, int IC, int OC, int dinp_mode) {
+    matmul_backward_inp(dinp, dout, weight, N, IC, OC, dinp_mode);
+    matmul_backward_weight(dweight, dout, inp, N, IC, OC);
 }
 
 // ----------------------------------------------------------------------------
@@ -317,7 +327,8 @@ void encoder_backward(float *dwte, const float *dout, const int *inp, size_t N, 
 // (site 0), and every later site's norm is fused with the residual add before
 // it (residual_norm_forward); the backward adds into the one running gradient
 // of the residual stream (rmsnorm_backward_residual). mhar mode: route_forward
-// applies the forward norm, rmsnorm_apply recomputes it for the backward.
+// applies the forward norm, and the site's backward (route_site_backward)
+// recomputes u for the weight gradients that read it.
 
 __global__ void rmsnorm_forward_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, size_t N, int D) {
     size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -365,31 +376,6 @@ template <typename F> void row_dispatch(int C, bool aligned, F f) {
 #undef ROW_CASES
 }
 inline bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
-
-// One thread per pack of VEC values: u = (h * rstd[n]) * w in fp32, rounded once.
-template <int VEC>
-__global__ void rmsnorm_apply_kernel(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
-    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
-    if (i >= N * C) { return; }
-    const size_t n = i / C;
-    const int c = (int)(i % C);
-    const float s = rstd[n];
-    RowX<VEC> hp = *reinterpret_cast<const RowX<VEC> *>(h + i), o;
-#pragma unroll
-    for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(toF(hp.x[k]) * s * toF(w[c + k])); }
-    *reinterpret_cast<RowX<VEC> *>(u + i) = o;
-}
-
-// u (N, C) = h * rstd * w with the rstd (N) stored by the forward pass: the last
-// step of route_forward_kernel, the same float operations in the same order on
-// the same (stored) h, so u comes out bit for bit as the forward's. mhar mode
-// keeps one u buffer and recomputes u_j just before sublayer j's backward.
-void rmsnorm_apply(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
-    if (C % RVEC == 0 && aligned16(u) && aligned16(h)) {
-        rmsnorm_apply_kernel<RVEC><<<ceil_div(N * C / RVEC, 256), 256>>>(u, h, rstd, w, N, C);
-    } else { rmsnorm_apply_kernel<1><<<ceil_div(N * C, 256), 256>>>(u, h, rstd, w, N, C); }
-    launchCheck();
-}
 
 // Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
 // of them. Per row: d = dL/dx of u = rmsnorm(x; w) given du; dres = d (+ dres
@@ -2452,8 +2438,8 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
         if (c0 >= C) { continue; }
-        // u from h as stored (rounded to floatX), so that rmsnorm_apply can
-        // recompute it bit for bit from h and rstd in backward
+        // u from h as stored (rounded to floatX), so that the site's backward
+        // (norm_backward_lane) can recompute it bit for bit from h and rstd
         float gw[VEC], hq[VEC], uu[VEC];
         ld_param(gw, g, c0, C);
 #pragma unroll
@@ -2851,9 +2837,11 @@ __device__ void block_sum_store(float (&acc)[NCH][VEC], float (*red)[32 * VEC], 
 // Backward of the site's RMSNorm (lab v3), for one position: u = h * rstd * g gives
 // G = dL/dh = rstd (g dU - xhat mean(g dU xhat)), xhat = h * rstd; adds dU * xhat to accg.
 // S[ch] = G[h] . h[h] over this lane's head: the S_h = sum_i a p of SPEC's site backward.
+// u (the row of u, or NULL): also stores u = xhat * g, the forward's operations on the
+// stored h and rstd in its order (route_forward_kernel's epilogue), so bit for bit its u.
 template <int VEC, int NCH, int SEG>
 __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (&S)[NCH], float (&accg)[NCH][VEC],
-                                                   const float *dU, const floatX *h, float rs,
+                                                   floatX *u, const float *dU, const floatX *h, float rs,
                                                    const float (&gw)[NCH][VEC], int lane, const RouteGeo &geo) {
     constexpr int W = 32 * VEC;
     const int C = geo.C;
@@ -2877,7 +2865,7 @@ __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
-        float du[VEC], hv[VEC], d = 0.0f;
+        float du[VEC], hv[VEC], uu[VEC], d = 0.0f;
         ld_f(du, dU, c0, C);
         unpack(ld_lane<VEC>(h, c0, C), hv);
 #pragma unroll
@@ -2885,18 +2873,21 @@ __device__ __forceinline__ void norm_backward_lane(float (&G)[NCH][VEC], float (
             const float xh = hv[k] * rs;
             G[ch][k] = rs * (gw[ch][k] * du[k] - xh * md);
             d += G[ch][k] * xh;
+            uu[k] = xh * gw[ch][k];
         }
         S[ch] = d / rs;   // G . h = G . xhat / rstd
+        if (u != NULL && c0 < C) { st_lane(u + c0, uu); }
     }
     head_sum<NCH, SEG>(S, geo);
 }
 
 // Site j's norm backward (lab v3): G (N, C) floatX, S (N, H), and part_dg
-// (ceil(N/32), C): per-block sums of dU * xhat for the norm weight's gradient.
+// (ceil(N/32), C): per-block sums of dU * xhat for the norm weight's gradient;
+// Uout (N, C), when not NULL: u_j recomputed (norm_backward_lane).
 // Block = 8 warps x 4 positions.
 template <int VEC, int NCH, int SEG>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
-route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const float *__restrict__ dU,
+route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, floatX *Uout, const float *__restrict__ dU,
                            const floatX *__restrict__ hbuf, const float *__restrict__ rstd,
                            const floatX *__restrict__ g, int N, RouteGeo geo) {
     constexpr int W = 32 * VEC;
@@ -2916,7 +2907,8 @@ route_site_backward_kernel(floatX *Gout, float *Sout, float *part_dg, const floa
         const int t = blockIdx.x * ROUTE_POS_PER_BLOCK + pp * 8 + w;
         if (t >= N) { continue; }   // warp-uniform
         float G[NCH][VEC], S[NCH];
-        norm_backward_lane<VEC, NCH, SEG>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane, geo);
+        norm_backward_lane<VEC, NCH, SEG>(G, S, accg, Uout != NULL ? Uout + (size_t)t * C : NULL, dU + (size_t)t * C,
+                                          hbuf + (size_t)t * C, rstd[t], gw, lane, geo);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             const int c0 = ch * W + lane * VEC;
@@ -2964,13 +2956,16 @@ void route_reduce_parts(float *out, const float *part, const int *out_row, int P
 
 // Backward of site j's u = rmsnorm(h; g), given dU = dL/du (N, C) fp32: stores
 // G = dL/dh (N, C) floatX and S (N, H) for the slot gathers, and adds the norm
-// weight's gradient into dg (C). part: scratch of ceil(N/32) * C floats.
-void route_site_backward(floatX *G, float *S, float *dg, float *part, const float *dU, const floatX *h,
+// weight's gradient into dg (C). part: scratch of ceil(N/32) * C floats. u (N, C),
+// when not NULL: u recomputed bit for bit from h and rstd, for the weight
+// gradients of the sublayer that reads it (mhar keeps one u buffer; reading h
+// here once for both saves a pass over it).
+void route_site_backward(floatX *G, float *S, float *dg, float *part, floatX *u, const float *dU, const floatX *h,
                          const float *rstd, const floatX *g, size_t N, const RouteGeo &geo) {
     unsigned nblk = ceil_div(N, ROUTE_POS_PER_BLOCK);
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
-        route_site_backward_kernel<VEC, NCH, SEG><<<nblk, 256>>>(G, S, part, dU, h, rstd, g, (int)N, geo);
+        route_site_backward_kernel<VEC, NCH, SEG><<<nblk, 256>>>(G, S, part, u, dU, h, rstd, g, (int)N, geo);
     });
     launchCheck();
     // dg[c] += sum_t dU[t][c] xhat[t][c]: the per-block partials, in a fixed order
@@ -3722,7 +3717,7 @@ typedef struct {
     floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
     floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm. mhar: one (N, C)
                     //            buffer, u of the last site written; the backward recomputes u_j
-                    //            into it from h_j and rstd_j (rmsnorm_apply)
+                    //            into it from h_j and rstd_j (route_site_backward, fused)
     float *ln_rstd; // (J, N)     fp32
     floatX *qr;     // (L, N, QD)  Wq u, before QK-norm
     floatX *kr;     // (L, N, KVD)
@@ -4044,8 +4039,10 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
 }
 
 // dln (N, C) = gradient of the input u (set by the first matmul, then added
-// to), given dout (floatX); weight grads +=
-void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
+// to), given dout (floatX); weight grads += but for Wq, Wk, Wv, which read u:
+// attention_sublayer_weight_backward adds those once the site's backward has
+// recomputed u (mhar keeps one u buffer)
+void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
@@ -4076,10 +4073,22 @@ void attention_sublayer_backward(Model *m, int l, const floatX *u, const floatX 
     qknorm_rope_backward(g->dkr, dp->knw + l * HD, g->dk, kr, k_rstd, p->knw + l * HD, m->rope_cos, m->rope_sin,
                          B, T, c->NKV, HD, g->partial);
     prof("bwd matmul qkv");
-    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T
-    matmul_backward(g->dln, dp->wq + l * QD * C, g->dqr, u, p->wq + l * QD * C, N, C, QD, DINP_SET);
-    matmul_backward(g->dln, dp->wk + l * KVD * C, g->dkr, u, p->wk + l * KVD * C, N, C, KVD, DINP_ADD);
-    matmul_backward(g->dln, dp->wv + l * KVD * C, g->dv, u, p->wv + l * KVD * C, N, C, KVD, DINP_ADD);
+    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T: dln
+    matmul_backward_inp(g->dln, g->dqr, p->wq + l * QD * C, N, C, QD, DINP_SET);
+    matmul_backward_inp(g->dln, g->dkr, p->wk + l * KVD * C, N, C, KVD, DINP_ADD);
+    matmul_backward_inp(g->dln, g->dv, p->wv + l * KVD * C, N, C, KVD, DINP_ADD);
+}
+// the rest of its backward: dWq, dWk, dWv += from the dqr, dkr, dv it left and the input u
+void attention_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
+    const Config *c = &m->cfg;
+    GradActs *g = &m->gacts;
+    ParamTensors<float> *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, QD = c->NH * c->HD, KVD = c->NKV * c->HD;
+    prof("bwd matmul qkv");
+    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T: the weights
+    matmul_backward_weight(dp->wq + l * QD * C, g->dqr, u, N, C, QD);
+    matmul_backward_weight(dp->wk + l * KVD * C, g->dkr, u, N, C, KVD);
+    matmul_backward_weight(dp->wv + l * KVD * C, g->dv, u, N, C, KVD);
 }
 
 // MLP sublayer of block l: out (N, C) = Wd (silu(Wg u) * (Wu u))
@@ -4098,8 +4107,9 @@ void mlp_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, 
     matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
 }
 
-// dln (N, C) = gradient of the input u (set, then added to), given dout; weight grads +=
-void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout, int B, int T) {
+// dln (N, C) = gradient of the input u (set, then added to), given dout; weight
+// grads += but for Wg, Wu (mlp_sublayer_weight_backward, as for attention)
+void mlp_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
@@ -4113,10 +4123,21 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *u, const floatX *dout,
     // mh = silu(mg) * mu   (writes dmg, dmu)
     prof("bwd swiglu");
     swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
-    // mg = u Wg^T, mu = u Wu^T
+    // mg = u Wg^T, mu = u Wu^T: dln
     prof("bwd matmul gate/up");
-    matmul_backward(g->dln, dp->wg + l * F * C, g->dmg, u, p->wg + l * F * C, N, C, F, DINP_SET);
-    matmul_backward(g->dln, dp->wu + l * F * C, g->dmu, u, p->wu + l * F * C, N, C, F, DINP_ADD);
+    matmul_backward_inp(g->dln, g->dmg, p->wg + l * F * C, N, C, F, DINP_SET);
+    matmul_backward_inp(g->dln, g->dmu, p->wu + l * F * C, N, C, F, DINP_ADD);
+}
+// the rest of its backward: dWg, dWu += from the dmg, dmu it left and the input u
+void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
+    const Config *c = &m->cfg;
+    GradActs *g = &m->gacts;
+    ParamTensors<float> *dp = &m->grads;
+    size_t N = (size_t)B * T, C = c->C, F = c->F;
+    prof("bwd matmul gate/up");
+    // mg = u Wg^T, mu = u Wu^T: the weights
+    matmul_backward_weight(dp->wg + l * F * C, g->dmg, u, N, C, F);
+    matmul_backward_weight(dp->wu + l * F * C, g->dmu, u, N, C, F);
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
@@ -4203,10 +4224,11 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 // out_j, so dslots, which holds dL/dx_{j+1} (nothing at the last site), gets
 // the norm's dL/dx_j added and becomes dL/dx_j; the same kernel writes its
 // floatX copy g->dout, the dout of sublayer j-1. mhar: route_site_backward
-// stores G_j = dL/dh_j and S_j. Every site that reads slot j is >= j, so all of
+// stores G_j = dL/dh_j and S_j, and recomputes u_j into u when u is not NULL
+// (std keeps every u_j). Every site that reads slot j is >= j, so all of
 // them have stored theirs by now: route_slot_backward gathers slot j's gradient
 // into dslots, over the dslot j+1 it holds (added in when slot j+1 = out_j + slot j).
-void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
+void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX *u) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
@@ -4217,8 +4239,8 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
         return;
     }
     prof("bwd route: site G, S");
-    route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, g->dln, a->h + j * N * C,
-                        a->ln_rstd + j * N, w, N, m->route_geo);
+    route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, u, g->dln,
+                        a->h + j * N * C, a->ln_rstd + j * N, w, N, m->route_geo);
     int chain = (size_t)j + 1 < J && slot_chains(c, j);
     // the fp32 dslot j is read by the gather of slot j-1 when slot j chains onto it, and by the encoder
     int keep32 = j == 0 || slot_chains(c, j - 1);
@@ -4335,27 +4357,27 @@ void model_backward(Model *m, float dloss) {
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp, DINP_SET);
     // uf = rmsnorm(h_final; lnfw)
     prof("bwd route + norm");
-    site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw);
+    site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw, NULL);
     for (long jj = 2 * (long)L - 1; jj >= 0; jj--) {
         size_t j = (size_t)jj, l = j / 2;
         // slot j+1 = out_j (+ slot j): every site reading slot j+1 is done, so dslot j+1 is
         // complete; it is dL/dout_j. std: site j+1's norm backward wrote its floatX copy g->dout,
         // and dslots goes on to become dslot j in site j's (a chained slot passes its gradient on)
+        // (mhar: route_slot_backward adds the chained slot's gradient, and its gather of slot
+        // j+1 wrote the floatX copy into g->dout)
+        if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, g->dout, B, T); }
+        else { mlp_sublayer_backward(m, (int)l, g->dout, B, T); }
+        // u = rmsnorm(h_j; g_j). mhar keeps one u buffer: the site's backward recomputes u_j
+        // into it, bit for bit, and the sublayer's weight gradients that read u come after
         floatX *u = ULN(j);
-        if (c->mode == RES_MHAR) {   // (mhar: route_slot_backward adds the chained slot's gradient,
-                                     // and its gather of slot j+1 wrote the floatX copy into g->dout)
-            // u_j = rmsnorm(h_j; g_j), recomputed bit for bit into the one u buffer
-            prof("bwd recompute u");
-            rmsnorm_apply(u, a->h + j * N * C, a->ln_rstd + j * N, site_norm_w(m, (int)j), N, C);
-#ifdef CHECK_U_RECOMPUTE
-            u_check(m, (int)j, u, N, 0);
-#endif
-        }
-        if (j % 2 == 0) { attention_sublayer_backward(m, (int)l, u, g->dout, B, T); }
-        else { mlp_sublayer_backward(m, (int)l, u, g->dout, B, T); }
-        // u = rmsnorm(h_j; g_j)
         prof("bwd route + norm");
-        site_backward(m, (int)j, N, site_norm_w(m, (int)j), site_norm_dw(m, (int)j));
+        site_backward(m, (int)j, N, site_norm_w(m, (int)j), site_norm_dw(m, (int)j),
+                      c->mode == RES_MHAR ? u : NULL);
+#ifdef CHECK_U_RECOMPUTE
+        if (c->mode == RES_MHAR) { u_check(m, (int)j, u, N, 0); }
+#endif
+        if (j % 2 == 0) { attention_sublayer_weight_backward(m, (int)l, u, B, T); }
+        else { mlp_sublayer_weight_backward(m, (int)l, u, B, T); }
     }
     // slot 0 = wte[inputs]
     prof("bwd encoder");

@@ -338,7 +338,8 @@ static void fwd_run(int ver, const FwdBufs &b) {
     launchCheck();
 }
 
-// the trainer's rmsnorm_apply: u = y * rstd * w from the stored y, rstd
+// the trainer's u recompute (rmsnorm_apply until session 8; since then part of its
+// route_site_backward): u = y * rstd * w from the stored y, rstd
 static void apply_run(floatX *u, const floatX *h, const float *rstd, const floatX *w, size_t N, int C) {
     if (C % RVEC == 0 && aligned16(u) && aligned16(h)) {
         rmsnorm_apply_kernel<RVEC><<<ceil_div(N * C / RVEC, 256), 256>>>(u, h, rstd, w, N, C);

@@ -739,7 +739,7 @@ static void check_gpu_trainer_binaries(void) {
 }
 
 // One entry of check_gpu's list (fields below, where the list is)
-typedef struct { const char *name; Config cfg; int tiny, steps, quick, v14; } GpuCase;
+typedef struct { const char *name; Config cfg; int tiny, steps, quick, vec8; } GpuCase;
 
 // Precision p (0: fp32, 1: bf16) of case gc, unless the quick subset leaves it out; its name gets suffix
 static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const GpuPrecision *flash, int p, int quick,
@@ -820,8 +820,9 @@ static void check_gpu(void) {
     if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4 and bf16 flash T=150 only, 2 training steps\n"); }
     // The comparisons, in order. tiny: the tolerances of precs (else flash); quick: also in the
     // quick subset, with 2 steps (1: both precisions, 2: bf16 only, the flash build's kernels);
-    // v14: a bf16 layout whose routing forward is v14 by default, compared once more with v13
-    // below. The layout configs train 2 steps: they check kernel layouts, not learning dynamics.
+    // vec8: a layout of 8 channels a lane, where the bf16 build's routing forward is v14 and its
+    // slot gather the lean path by default: its bf16 comparison runs once more with v13 and once
+    // more with the old gather, below. The layout configs train 2 steps: they check kernel layouts, not learning dynamics.
     const GpuCase cases[] = {
         {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0, 0},
         {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0, 1},
@@ -846,9 +847,20 @@ static void check_gpu(void) {
     if (fk == NULL || fk[0] == '\0') {
         setenv("MHAR_FWD_KERNEL", "v13", 1);
         for (int k = 0; k < ncases; k++) {
-            if (cases[k].v14) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", forward v13"); }
+            if (cases[k].vec8) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", forward v13"); }
         }
         unsetenv("MHAR_FWD_KERNEL");
+    }
+    // The slot gather's previous path (MHAR_GATHER=old: 64-bit indices, lse and S prefetched per
+    // reader; the fp32 build and the other layouts always take it): the same bf16 comparisons
+    // once more with it (unless MHAR_GATHER is set)
+    const char *ga = getenv("MHAR_GATHER");
+    if (ga == NULL || ga[0] == '\0') {
+        setenv("MHAR_GATHER", "old", 1);
+        for (int k = 0; k < ncases; k++) {
+            if (cases[k].vec8) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", gather old"); }
+        }
+        unsetenv("MHAR_GATHER");
     }
     if (!quick) { check_gpu_trainer_binaries(); }
 }

@@ -3342,34 +3342,24 @@ static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr,
         (unsigned)(N * geo.H), geo);
 }
 
-// The lean gather unless MHAR_GATHER=old (the previous path everywhere: an A/B in one
-// binary; both compute the same sums in the same order)
-static bool route_gather_lean_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("MHAR_GATHER");
-        on = !(e != NULL && strcmp(e, "old") == 0);
-    }
-    return on != 0;
-}
-
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k (J sites) and the forward's lse: writes dslot (N, C)
 // when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
 // dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
 // positions of ds r v_k (on side's stream). v (N, C) and r (N) are slot k's; readers (nr)
 // are the sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
-// qpart (ceil(N/128) * nr * C) are scratch. The gather takes its lean path where
-// route_gather_lean holds (a run-time choice per slot, between two compiled instances).
+// qpart (ceil(N/128) * nr * C) are scratch. The gather takes its lean path where lean is
+// set and route_gather_lean holds (a run-time choice per slot, between two compiled
+// instances; Model.gather_lean); both paths compute the same sums in the same order.
 void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *qpart, const floatX *v,
                          const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
                          const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N, size_t J,
-                         const RouteGeo &geo, const RouteSide &side) {
+                         int lean, const RouteGeo &geo, const RouteSide &side) {
     cudaCheck(cudaStreamWaitEvent(0, side.dsr_free, 0));   // the previous q/gamma pass has read dsr
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         if constexpr (route_ring<VEC>()) {
-            if (route_gather_lean_enabled() && route_gather_lean(geo, nr, N, J)) {
+            if (lean && route_gather_lean(geo, nr, N, J)) {
                 route_slot_backward_launch<VEC, NCH, SEG, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg,
                                                                 chain, keep32, N, geo);
                 return;
@@ -3793,6 +3783,7 @@ typedef struct {
     int fwd_kmax, fwd_starts;       // the largest group; the sites that start from a partial
     int fwd_v14;                    // routing forward kernel: 1 = v14 (the default, where the layout has it), 0 = v13
     int fwd_v14_asked;              // v14 wanted (not MHAR_FWD_KERNEL=v13); fwd_v14 0 then: this layout has no v14
+    int gather_lean;                // the slot gather's lean path where route_gather_lean holds (not MHAR_GATHER=old)
     RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
@@ -3887,7 +3878,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     // allow with MHAR_FWD_PLAN=all (the GPU checks, to run the grouped kernels on small models)
     m->fwd_lead = (int *)malloc_check(J * sizeof(int));
     m->fwd_kmax = 1;
-    m->fwd_v14 = m->fwd_v14_asked = 0;
+    m->fwd_v14 = m->fwd_v14_asked = m->gather_lean = 0;
     for (int j = 0; j < J; j++) { m->fwd_lead[j] = j; }
     if (cfg->mode == RES_MHAR) {
         m->route_geo = route_geometry(cfg->C, cfg->H);
@@ -3900,6 +3891,13 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
             m->fwd_v14_asked = 0;
         }
         m->fwd_v14 = m->fwd_v14_asked && route_fwd14_layout(m->route_geo) ? 1 : 0;
+        // the slot gather's path: lean where its layout allows (default) or MHAR_GATHER=old (the
+        // previous path everywhere: an A/B in one binary; the same sums in the same order)
+        const char *ga = getenv("MHAR_GATHER");
+        if (ga != NULL && ga[0] != '\0' && strcmp(ga, "old") != 0 && strcmp(ga, "lean") != 0) {
+            die("MHAR_GATHER=%s: give old or lean (the default)", ga);
+        }
+        m->gather_lean = !(ga != NULL && strcmp(ga, "old") == 0);
         const char *e = getenv("MHAR_FWD_GROUP"), *pl = getenv("MHAR_FWD_PLAN");
         int want = e != NULL && e[0] != '\0' ? atoi(e) : 4;
         if (want < 1) { die("MHAR_FWD_GROUP=%s: give the most sites a routing forward group has (1: no groups)", e); }
@@ -4007,7 +4005,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         free(rd);
 #ifndef TESTING
         printf("routing gather: lean path (v12) for %d of %zu slots%s, index check at N = %zu passed\n", lean, J,
-               route_gather_lean_enabled() ? "" : " (off: MHAR_GATHER=old)", N);
+               m->gather_lean ? "" : " (off: MHAR_GATHER=old)", N);
 #else
         (void)lean;
 #endif
@@ -4248,7 +4246,8 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
     route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_qpart, SLOT(j),
                         a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
-                        m->slot_nr[j], a->route_qg, chain, keep32, N, J, m->route_geo, m->route_side);
+                        m->slot_nr[j], a->route_qg, chain, keep32, N, J, m->gather_lean, m->route_geo,
+                        m->route_side);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position

@@ -2126,8 +2126,9 @@ __device__ __forceinline__ void cp_async16z(uint32_t s, const void *gmem, uint32
 // host check route_gather_index_check. Per lane, once: its first channel in row t
 // of a (., N, C) array (the row's start when the lane is past C in every chunk,
 // so that zero-byte copies read a valid address), chunk ch's offset from it
-// (0 where the lane is past C: a zero-byte copy), its lse/S entry of row t (lanes
-// from H copy entry 0 again, never read), and dsr's entry (t, hd, 0). Per reader j:
+// (0 where the lane is past C: a zero-byte copy), an lse/S entry of row t (the
+// kernel takes row t's first, glean_ls(t, 0, H), and adds the head), and dsr's entry
+// (t, hd, 0). Per reader j:
 // + j N C (G), + j N H (lse, S), + j C (qg, from the lane's first channel).
 __host__ __device__ __forceinline__ bool glean_live(int ch, int lane, int C, int VEC) { return ch * 32 * VEC + lane * VEC < C; }
 __host__ __device__ __forceinline__ unsigned glean_row(unsigned t, int lane, int C, int VEC) {
@@ -2147,7 +2148,8 @@ __host__ __device__ __forceinline__ unsigned glean_add(unsigned base, unsigned j
 __host__ __device__ __forceinline__ int glean_stage(int i) { return i & (ROUTE_RING - 1); }
 __host__ __device__ __forceinline__ int glean_src_lane(int i) { return i & 31; }
 // Whether a slot's gather takes the lean path: the ring (bf16, VEC = 8), at most 32
-// readers (one per lane) and 32 heads (one lse/S entry per lane), and every index
+// readers (one per lane) and 32 heads (the bound of the first port, which staged one
+// lse/S entry per lane; kept, as larger H is untested), and every index
 // below 2^31: J N C into G, J N H into lse and S, N H nrp into dsr.
 static bool route_gather_lean(const RouteGeo &g, int nr, size_t N, size_t J) {
     const size_t lim = (size_t)1 << 31, C = g.C, H = g.H, nrp = ((size_t)nr + 3) & ~(size_t)3;
@@ -3058,8 +3060,9 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         }
         cp_async_commit();
     };
-    // LEAN, per lane: its reader (lane l: readers[l]; site 0 past nr), its G row and lse/S
-    // entry in site 0 (glean_*), its shared addresses in stage 0, dsr's entries of (t, hd)
+    // LEAN, per lane: its reader (lane l: readers[l]; site 0 past nr), its G row in site 0
+    // and row t's first lse/S entry there (glean_*), its shared address in stage 0, dsr's
+    // entries of (t, hd)
     const int nrp = route_nrp(nr);
     int jl = 0;
     unsigned gl = 0, lsb = 0, dsb = 0;
@@ -3071,8 +3074,9 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         sg = (uint32_t)__cvta_generic_to_shared(ring + lane);
         dsb = glean_dsr((unsigned)t, hd[0], H, nrp);   // chunk ch's: + (hd[ch] - hd[0]) nrp
     }
-    // LEAN: reader i's G row (this lane's packs; zeros past C) and lse/S entries into stage
-    // i % ROUTE_RING, one commit group; past nr the same with zero bytes read
+    // LEAN: reader i's G row (this lane's packs; zeros past C) into stage i % ROUTE_RING,
+    // one commit group, and its lse and S rows into L1; past nr the copies read zero
+    // bytes and nothing is prefetched
     auto issue_lean = [&](int i) {
         const unsigned j = (unsigned)__shfl_sync(0xffffffffu, jl, glean_src_lane(i));
         const uint32_t st = (uint32_t)glean_stage(i), live = i < nr;
@@ -3096,7 +3100,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         if (lane < 2) { prefetch_l1((lane ? Sall : lseall) + row * H); }
     }
     for (int jj = 0; jj < nr; jj++) {
-        // reader j's qg_j (LEAN: at this lane's first channel), lse and S (LEAN: its ring stage)
+        // reader j's qg_j (LEAN: at this lane's first channel), lse and S rows (through L1)
         const float *qgj, *lsej, *Sj;
         Packed<VEC> Gp[NCH];
         float G[NCH][VEC], qv[NCH][VEC], p[NCH], e[NCH];   // reader j's G row and qg_j, each read once
@@ -3386,9 +3390,9 @@ void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, fl
 // path, each of its readers and the zero-byte copies after them, every lane and
 // chunk, at positions 0, 1, N/2, N-2, N-1: the G pack copied (live chunks: row
 // j N + t, channel c0; dead ones: a whole pack inside the same row, 0 bytes), the
-// lane's head (= c0 / (C / H)) and head-first flag, that every lane's lse/S slot
-// is inside its stage (< 32, also past C), that the slot a lane reads was copied
-// by the lane of that number from entry (j N + t) H + hd, the qg channels, the dsr
+// lane's head (= c0 / (C / H), below 32, also past C) and head-first flag, that
+// the lse/S entry a lane reads (row t's first, + j N H, + its head) is
+// (j N + t) H + hd and inside the arrays, the qg channels, the dsr
 // entry, and that reader i's site is in lane i and its stage is not one read or
 // pending. Returns the number of slots on the lean path; dies on a mismatch.
 // rd (J, J) host: row k lists the readers of slot k.
@@ -3425,7 +3429,7 @@ static int route_gather_index_check(const RouteGeo &geo, const int *rd, const in
                             lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
                             const unsigned gl = glean_row((unsigned)t, lane, C, VEC);
                             if ((size_t)glean_add(glean_ls((unsigned)t, lane, H), (unsigned)j, NH) >= J * N * H) {
-                                fail("lse/S copy out of bounds", k, i, t, lane, -1);
+                                fail("lse/S entry out of bounds", k, i, t, lane, -1);
                             }
                             for (int ch = 0; ch < NCH; ch++) {
                                 const int c0 = ch * W + lane * VEC;
@@ -3436,10 +3440,10 @@ static int route_gather_index_check(const RouteGeo &geo, const int *rd, const in
                                 if (!live && (g < row * C || g + VEC > (row + 1) * C || g % VEC != 0)) {
                                     fail("zero-byte G copy's address", k, i, t, lane, ch);
                                 }
-                                if (hd[ch] < 0 || hd[ch] >= 32) { fail("head's lse/S slot outside the stage", k, i, t, lane, ch); }
+                                if (hd[ch] < 0 || hd[ch] >= 32) { fail("head beyond 32", k, i, t, lane, ch); }
                                 if (i >= nr || !live) { continue; }
                                 if (hd[ch] != c0 / HC || first[ch] != (c0 % HC == 0)) { fail("head", k, i, t, lane, ch); }
-                                // slot hd of the stage: copied by lane hd, of entry glean_ls(t, hd, H) + j N H
+                                // the entry the kernel reads: glean_ls(t, 0, H) + j N H + hd (= glean_ls(t, hd, H) + j N H)
                                 if ((size_t)glean_add(glean_ls((unsigned)t, hd[ch], H), (unsigned)j, NH) != row * H + hd[ch]) {
                                     fail("lse/S entry", k, i, t, lane, ch);
                                 }

@@ -750,6 +750,20 @@ static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const G
     check_gpu_model(name, gc->cfg, gc->tiny ? &precs[p] : &flash[p], quick ? 2 : gc->steps);
 }
 
+// The bf16 comparisons of the vec8 cases once more with the trainer's switch var=value (the
+// name gets suffix), unless var is already set (then the runs above took it)
+static void check_gpu_vec8_rerun(const GpuCase *cases, int ncases, const GpuPrecision *precs,
+                                 const GpuPrecision *flash, int quick, const char *var, const char *value,
+                                 const char *suffix) {
+    const char *e = getenv(var);
+    if (e != NULL && e[0] != '\0') { return; }
+    setenv(var, value, 1);
+    for (int k = 0; k < ncases; k++) {
+        if (cases[k].vec8) { check_gpu_case(&cases[k], precs, flash, 1, quick, suffix); }
+    }
+    unsetenv(var);
+}
+
 static void check_gpu(void) {
     char why[256] = "";
     if (mhar_gpu_fp32_device_check(why, sizeof(why)) == 0) {
@@ -843,25 +857,11 @@ static void check_gpu(void) {
     // bf16 VEC = 8 layouts above ran route_forward14_kernel, the fp32 build v13 already): the bf16
     // comparisons of those layouts once more with v13, same tolerances and steps, groups wherever the slots
     // allow as above (unless MHAR_FWD_KERNEL is set)
-    const char *fk = getenv("MHAR_FWD_KERNEL");
-    if (fk == NULL || fk[0] == '\0') {
-        setenv("MHAR_FWD_KERNEL", "v13", 1);
-        for (int k = 0; k < ncases; k++) {
-            if (cases[k].vec8) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", forward v13"); }
-        }
-        unsetenv("MHAR_FWD_KERNEL");
-    }
+    check_gpu_vec8_rerun(cases, ncases, precs, flash, quick, "MHAR_FWD_KERNEL", "v13", ", forward v13");
     // The slot gather's previous path (MHAR_GATHER=old: 64-bit indices, lse and S prefetched per
     // reader; the fp32 build and the other layouts always take it): the same bf16 comparisons
     // once more with it (unless MHAR_GATHER is set)
-    const char *ga = getenv("MHAR_GATHER");
-    if (ga == NULL || ga[0] == '\0') {
-        setenv("MHAR_GATHER", "old", 1);
-        for (int k = 0; k < ncases; k++) {
-            if (cases[k].vec8) { check_gpu_case(&cases[k], precs, flash, 1, quick, ", gather old"); }
-        }
-        unsetenv("MHAR_GATHER");
-    }
+    check_gpu_vec8_rerun(cases, ncases, precs, flash, quick, "MHAR_GATHER", "old", ", gather old");
     if (!quick) { check_gpu_trainer_binaries(); }
 }
 #endif

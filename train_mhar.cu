@@ -2109,14 +2109,6 @@ __device__ __forceinline__ void ring_issue_source(Packed<VEC> *ring, float *ring
     }
     cp_async_commit();
 }
-// The lean gather (route_slot_backward_kernel<..., LEAN = true>) uses the ring as
-// the old one does (its G rows only); each reader's lse and S entries come from
-// global memory through L1 (prefetched when the reader's row is issued). Staging
-// them in shared memory with per-lane 4-byte copies (the first port, session 6)
-// tripled the kernel's shared-memory wavefronts (ncu, session 7).
-template <int VEC, int NCH, bool LEAN> __host__ __device__ constexpr size_t route_gather_smem() {
-    return route_ring_smem<VEC, NCH>();
-}
 // cp.async of 16 bytes from gmem to the shared address s, of which src_size
 // are read (0: none; the rest is zero-filled); the caller commits the group
 __device__ __forceinline__ void cp_async16z(uint32_t s, const void *gmem, uint32_t src_size) {
@@ -3338,7 +3330,7 @@ template <int VEC, int NCH, int SEG, bool LEAN>
 static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r,
                                        const floatX *G, const float *S, const float *lse, const int *readers, int nr,
                                        const float *qg, int chain, int keep32, size_t N, const RouteGeo &geo) {
-    constexpr size_t smem = route_gather_smem<VEC, NCH, LEAN>();
+    constexpr size_t smem = route_ring_smem<VEC, NCH>();   // both paths: the ring of G rows only
     static bool limit_set = false;
     route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, smem, limit_set);
     route_slot_backward_kernel<VEC, NCH, SEG, LEAN><<<ceil_div(N, 8), 256, smem>>>(

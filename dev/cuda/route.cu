@@ -14,7 +14,7 @@ Run:
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
     --vmax M                        with --version N: versions N..M (inputs drawn once)
-    ./route --all                   --check and --bench of every version (1..14)
+    ./route --all                   --check and --bench of every version (1..16)
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
 What is timed: a whole-model routing pass with the sublayers replaced by fixed
@@ -127,6 +127,17 @@ Versions (NOTES_route.md has the byte counts and predictions):
       a channel), the row unpacked once for all sites. No spills at C = 512 and
       1024, KX 0..3. --cpu-selftest emulates the butterfly lane by lane on
       every (C, H, KX) built and the lazy rescale in fp32 against float64.
+  v15 v14 with the gather's position-independent products on tensor cores
+      (route_gather_v15_kernel<C, H>; session 9): per tile of 8 positions and
+      head, E^T = QG V^T (e = qg_j . v) and, after the reader loop, U^T = QG^T
+      DS^T (U = sum_j ds_j qg_j: dv += r U - (r^3 / C)(U . v) v) on mma.sync
+      m16n8k16, qg and ds in two bf16 parts each; the loop keeps p = G . v, the
+      weight and dv += a G. Per-slot A fragments from route_qfrag15_kernel, once
+      per backward. nr <= 32. --cpu-selftest emulates it lane by lane.
+  v16 v14 with the q/gamma pass on tensor cores (route_param_v16_kernel;
+      session 9): QV^T = DSR^T V per head on mma.sync, ds r in two bf16 parts,
+      v by ldmatrix.trans; the same partials over partitions of v16_rows (256,
+      V16_ROWS=128 in the environment) positions. --cpu-selftest emulates it.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -165,6 +176,12 @@ full mode H=8, same plan and bytes: forward v13 2.990 -> v14 2.600 ms (1.48x ->
 1.28x its floor of 2.03). In the trainer (route_forward14_kernel, its default
 for bf16): "fwd route + norm" 2.85 -> 2.55 ms a step; block mode (every site
 alone) unchanged (NOTES_route.md, "v14 measured").
+v15, v16 (session 9): --check PASS (8 configs each). --bench 100M full mode H=8:
+backward v14 7.53 -> v15 8.21 ms (block S=4 4.83 -> 5.80): the fragments' L2
+traffic and the phases' latency cost more than the leaner loop saves (ncu: 17%
+fewer instructions at one slot); v16 7.32 ms (7.14 with V16_ROWS=128), its
+q/gamma pass alone 0.99 -> 0.83 (0.59) ms. v16's pass is the trainer's since
+session 9, on the main stream (NOTES_route.md, "Session 9").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -793,6 +810,8 @@ static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool f
 static bool selftest_v12_index(void);   // below
 static bool selftest_v13(uint64_t seed);   // below
 static bool selftest_v14(uint64_t seed);   // below
+static bool selftest_v15(uint64_t seed);   // below
+static bool selftest_v16(uint64_t seed);   // below
 
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
@@ -822,6 +841,8 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v12_index();   // v12's gather: its index math against v11's on every lab shape
     ok &= selftest_v13(seed + 22);   // v13's plans on every L, S, and its partials' algebra in float64
     ok &= selftest_v14(seed + 23);   // v14's transposing head sums (lane emulation) and lazy rescale
+    ok &= selftest_v15(seed + 24);   // v15's tensor-core gather: fragments, layouts and phases (lane emulation)
+    ok &= selftest_v16(seed + 25);   // v16's q/gamma pass on tensor cores (lane emulation)
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -852,7 +873,7 @@ struct Bytes { double fwd, bwd; };
 static Bytes count_bytes(const Prob &P, int ver) {
     const double N = P.N, C = P.C, H = P.H, J = P.J, Pp = P.P;
     const double V = 2 * C, F = 4 * C;                 // one bf16 vector, one fp32 vector
-    const double nblk = ceil(N / 32), npart = ceil(N / (ver >= 4 ? 128 : 256));
+    const double nblk = ceil(N / 32), npart = ceil(N / (ver >= 4 && ver != 16 ? 128 : 256));
     Bytes b;
     double stats = J * N * (V + 4);                    // r_i: read each slot once, write r
     if (ver == 1) {
@@ -871,7 +892,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                 + 2 * J * npart * F;                   // its partials
     } else {
         b.fwd = stats + N * (Pp * (V + 4) + J * (V + V + 4 + H * 4));   // sources, r; h, u, rstd, lse
-        if (ver == 13 || ver == 14) {   // the plan's source rows; each partial (mix and lse) written, then read
+        if (ver >= 13) {   // the plan's source rows; each partial (mix and lse) written, then read
             b.fwd += N * ((P.v13_rows - Pp) * (V + 4) + P.v13_starts * 2 * (F + H * 4));
         }
         if (ver == 2) {
@@ -3421,6 +3442,792 @@ static bool selftest_v11_param(int C, int H, int nr, int N, int tp_force, bool f
 }
 
 // ----------------------------------------------------------------------------
+// v15: the gather with its position-independent products on tensor cores
+
+// Two of the gather's four products per (reader j, channel) involve qg_j, which does
+// not depend on the position, so over a tile of 8 positions they are small matrix
+// products, per head (block-diagonal in the heads):
+//   E^T (readers x positions) = QG (readers x C) V^T (C x positions),   e = qg_j . v
+//   U^T (C x positions)       = QG^T (C x readers) DS^T (readers x positions),
+//                               U = sum_j ds_j qg_j  (dv += r U, and u . v = U . v)
+// They run on mma.sync m16n8k16 (bf16 in, fp32 accumulation). qg and ds are fp32: each
+// goes in as two bf16 parts, hi = bf16(x) and lo = bf16(x - hi) (16 bits of mantissa);
+// v is bf16 already. E takes hi and lo of qg (2 products), U hi x hi, hi x lo, lo x hi (3).
+// What stays per position on the CUDA cores: p = G_j . v (G varies with t), the
+// weight a = exp(r e - lse) and ds = a (p - S), and dv += a G_j.
+//
+// Fragment layouts of m16n8k16 (g = lane / 4, q = lane % 4; the low half of a
+// register holds the element of the lower column, or row for B):
+//   A 16x16: a0 = A[g][2q..2q+1], a1 = A[g+8][2q..], a2 = A[g][2q+8..], a3 = A[g+8][2q+8..]
+//   B 16x8 : b0 = B[2q..2q+1][g], b1 = B[2q+8..2q+9][g]
+//   D 16x8 : d0, d1 = D[g][2q..2q+1], d2, d3 = D[g+8][2q..2q+1]
+// A's element (row, col) of register reg, half hf, in lane's fragment:
+__host__ __device__ inline void frag_a_rc(int lane, int reg, int hf, int &row, int &col) {
+    row = (lane >> 2) + (reg & 1) * 8;
+    col = 2 * (lane & 3) + hf + (reg >> 1) * 8;
+}
+
+// The A fragments of a slot, laid out as the lanes load them (one uint4 a lane per
+// product), built once per backward from qg and the slot's readers
+// (route_qfrag15_kernel), 16 C uint4 a slot (32 KB at C = 512):
+//   E's, at qf15_e(hl, mt, kg, lane): A[row jj][col c] = part hl of qg_{readers[jj]}[c],
+//        readers jj = 16 mt .. (two m-tiles), channels c = 16 kg ..;
+//   U's, at qf15_u(hl, mg, ks, lane): A[row c][col jj], channels c = 16 mg .., readers jj = 16 ks ..;
+// part 0 = hi, 1 = lo; 0 for readers jj >= nr.
+#define V15_NRMAX 32   // readers a slot: two m-tiles
+__host__ __device__ inline int qf15_e(int hl, int mt, int kg, int lane, int C) { return ((hl * 2 + mt) * (C / 16) + kg) * 32 + lane; }
+__host__ __device__ inline int qf15_u(int hl, int mg, int ks, int lane, int C) { return 8 * C + ((hl * (C / 16) + mg) * 2 + ks) * 32 + lane; }
+// uint4 i of a slot's fragments: which matrix (u), part, row and column of each of its 8 elements
+__host__ __device__ inline void qf15_elem(int i, int C, int e8, bool &u, int &hl, int &jj, int &c) {
+    const int lane = i & 31, nk = C / 16;
+    int row, col;
+    frag_a_rc(lane, e8 >> 1, e8 & 1, row, col);
+    u = i >= 8 * C;
+    int f = (u ? i - 8 * C : i) >> 5;
+    if (!u) {   // ((hl * 2 + mt) * nk + kg)
+        const int kg = f % nk; f /= nk;
+        const int mt = f & 1;
+        hl = f >> 1; jj = 16 * mt + row; c = 16 * kg + col;
+    } else {    // ((hl * nk + mg) * 2 + ks)
+        const int ks = f & 1; f >>= 1;
+        const int mg = f % nk;
+        hl = f / nk; c = 16 * mg + row; jj = 16 * ks + col;
+    }
+}
+__host__ __device__ inline void bf16_split(float x, float &hi, float &lo) {   // x ~ hi + lo, each a bf16 value
+#ifdef __CUDA_ARCH__
+    hi = __bfloat162float(__float2bfloat16_rn(x));
+    lo = __bfloat162float(__float2bfloat16_rn(x - hi));
+#else
+    hi = bf_bits2f(f2bf_bits(x));
+    lo = bf_bits2f(f2bf_bits(x - hi));
+#endif
+}
+
+// qf (J, 16 C) uint4: every slot's fragments (above). Grid (16 C / 256, J).
+__global__ void route_qfrag15_kernel(uint4 *qf, const float *__restrict__ qg, const int *__restrict__ rd,
+                                     const int *__restrict__ nrs, int J, int C) {
+    const int k = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 16 * C) { return; }
+    const int nr = nrs[k];
+    uint32_t w[4];
+#pragma unroll
+    for (int reg = 0; reg < 4; reg++) {
+        uint16_t hv[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            bool u;
+            int hl, jj, c;
+            qf15_elem(i, C, 2 * reg + hf, u, hl, jj, c);
+            const float x = jj < nr ? qg[(size_t)rd[(size_t)k * J + jj] * C + c] : 0.0f;
+            float hi, lo;
+            bf16_split(x, hi, lo);
+            const bf16 b = __float2bfloat16_rn(hl ? lo : hi);
+            hv[hf] = *reinterpret_cast<const uint16_t *>(&b);
+        }
+        w[reg] = (uint32_t)hv[0] | ((uint32_t)hv[1] << 16);
+    }
+    qf[(size_t)k * 16 * C + i] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// d (16x8 fp32) += a (16x16 bf16) b (16x8 bf16)
+__device__ __forceinline__ void mma15(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+// x0, x1 (fp32) -> bf16x2 hi and lo parts (x0 in the low halves)
+__device__ __forceinline__ void split2_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = *reinterpret_cast<const uint32_t *>(&l);
+}
+
+// The block's shapes and shared memory. A block is 8 warps and 8 positions t0 .. t0+7:
+// warp w runs position t0 + w's reader loop (as v12, one warp per position), and, in
+// the two matrix phases, channels CG w .. CG (w+1) (CG = C / 8) of all 8 positions.
+// Shared memory, in bytes from the start: the G ring (v8's, ring_smem<C>(); after the
+// loop it holds U), then
+//   epart [H][WPH][NRMAX][8] fp32: E^T per head, one partial per warp of the head (WPH of them)
+//   xs    [8][NRMAX][H] float2:    x = (r e - lse) log2 e and S per (position, reader, head)
+//   dss   [8][DPOS] fp32:          ds per position, [head][reader] at h DSTR + jj (zero past nr)
+//   us    [8][UST] fp32 (in the ring): U per position
+template <int C, int H> struct V15 {
+    static constexpr int NCH = C / 256, HC = C / H, CG = C / 8, KS = CG / 16;
+    static constexpr int HPG = HC >= CG ? 1 : CG / HC;   // heads inside a warp's channels
+    static constexpr int WPH = HC >= CG ? HC / CG : 1;   // warps over one head
+    static constexpr int NRMAX = V15_NRMAX, DSTR = NRMAX + 2, DPOS = H * DSTR + 8, UST = C + 4;
+    static constexpr size_t RING = ring_smem<C>(), EPART = (size_t)H * WPH * NRMAX * 8 * 4;
+    static constexpr size_t XS = (size_t)8 * NRMAX * H * 8, DS = (size_t)8 * DPOS * 4;
+    static constexpr size_t SMEM = RING + EPART + XS + DS;
+    static_assert(C % 256 == 0 && HC % 16 == 0 && (HC % CG == 0 || CG % HC == 0), "v15's shapes");
+    static_assert((size_t)8 * UST * 4 <= RING, "U fits in the ring");
+};
+template <int C, int H> constexpr size_t v15_smem() { return V15<C, H>::SMEM; }
+
+// Gradient of slot k from its nr readers (nr <= 32), as v12's (same outputs, dsr as
+// (N, H, nrp)), with E and U on tensor cores (above). qf: the slot's fragments.
+// Phases (barriers between): 1. E^T on tensor cores into epart; 2. x and S into xs
+// (lse and S read here, coalesced); 3. each warp's reader loop over its position (G rows
+// through the ring; p, a, ds, dv += a G; ds into dss); 4. U^T on tensor cores into us;
+// 5. each warp finishes its position: dv += r U - (r^3 / C) (U . v) v, the stores, ds r.
+template <int C, int H>
+__global__ void __launch_bounds__(256, C <= 512 ? 3 : 2)
+route_gather_v15_kernel(float *dslot, bf16 *dslotX, float *dsr, const bf16 *__restrict__ v,
+                        const float *__restrict__ rk, const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
+                        const float *__restrict__ lseall, const int *__restrict__ readers, int nr,
+                        const uint4 *__restrict__ qf, int N, unsigned NC) {
+    using T = V15<C, H>;
+    constexpr int NCH = T::NCH, HC = T::HC, CG = T::CG, KS = T::KS, HPG = T::HPG, WPH = T::WPH;
+    constexpr int NRMAX = T::NRMAX, DSTR = T::DSTR, DPOS = T::DPOS, UST = T::UST;
+    constexpr float LOG2E_F = 1.4426950408889634f;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int t0 = blockIdx.x * 8, t = t0 + w, cw = w * CG;
+    const bool live = t < N;   // warp-uniform; a warp past N still takes part in the matrix phases
+    float *epart = reinterpret_cast<float *>(ring_smem_raw + T::RING);
+    float2 *xs = reinterpret_cast<float2 *>(ring_smem_raw + T::RING + T::EPART);
+    float *dss = reinterpret_cast<float *>(ring_smem_raw + T::RING + T::EPART + T::XS);
+    float *us = reinterpret_cast<float *>(ring_smem_raw);
+    const int mtn = (nr + 15) >> 4;   // m-tiles of readers: 1 or 2
+
+    // this warp's position: v in fp32, r, its ds rows zeroed; the ring's first rows in flight
+    float vf[NCH][8], dv[NCH][8];
+    const unsigned gi = g12_row((unsigned)(live ? t : 0), lane, C);
+    const float r = live ? rk[t] : 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        if (live) { unpack8(ld_raw(v + (gi + ch * 256)), vf[ch]); }
+        else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) { vf[ch][k] = 0.0f; }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    for (int i = lane; i < DPOS; i += 32) { dss[w * DPOS + i] = 0.0f; }
+    const int jl = lane < nr ? __ldg(readers + lane) : 0;   // lane l holds readers[l]
+    const uint32_t sg = (uint32_t)__cvta_generic_to_shared(ring_packs<C>() + lane);
+    const uint4 *ringl = ring_packs<C>() + lane;
+    auto issue = [&](int i) {   // reader i's G row (this lane's packs) into stage i % ROUTE_RING; zero bytes past nr
+        const unsigned j = (unsigned)__shfl_sync(0xffffffffu, jl, g12_src_lane(i));
+        const uint32_t sz = i < nr ? 16u : 0u, st = (uint32_t)g12_stage(i);
+        const unsigned gg = g12_add(gi, j, NC);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            cp_async16z(sg + (st * NCH + ch) * 32 * (uint32_t)sizeof(uint4), Gall + (gg + ch * 256), sz);
+        }
+        cp_async_commit();
+    };
+    if (live) {
+        for (int i = 0; i < ROUTE_RING - 1; i++) { issue(i); }
+    }
+
+    // 1. E^T = QG V^T over this warp's channels: per m-tile of 16 readers, the head(s) of
+    // its channels; B = v of positions t0 + g (zeros past N)
+    {
+        uint32_t bv[KS][2];
+        const int tb = t0 + g;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const bf16 *vp = v + (size_t)(tb < N ? tb : 0) * C + cw + ks * 16 + 2 * q;
+            bv[ks][0] = tb < N ? __ldg(reinterpret_cast<const unsigned *>(vp)) : 0u;
+            bv[ks][1] = tb < N ? __ldg(reinterpret_cast<const unsigned *>(vp + 8)) : 0u;
+        }
+        for (int mt = 0; mt < mtn; mt++) {
+            float acc[HPG][4];
+#pragma unroll
+            for (int hh = 0; hh < HPG; hh++) { acc[hh][0] = acc[hh][1] = acc[hh][2] = acc[hh][3] = 0.0f; }
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const int hh = HPG > 1 ? ks * 16 / HC : 0;
+                const int kg = cw / 16 + ks;
+                const uint4 ah = __ldg(qf + qf15_e(0, mt, kg, lane, C)), al = __ldg(qf + qf15_e(1, mt, kg, lane, C));
+                mma15(acc[hh], ah, bv[ks][0], bv[ks][1]);
+                mma15(acc[hh], al, bv[ks][0], bv[ks][1]);
+            }
+#pragma unroll
+            for (int hh = 0; hh < HPG; hh++) {
+                const int h = cw / HC + hh, wp = HPG > 1 ? 0 : (cw % HC) / CG;
+                float *ep = epart + ((size_t)(h * WPH + wp) * NRMAX + mt * 16) * 8;
+                *reinterpret_cast<float2 *>(ep + g * 8 + 2 * q) = make_float2(acc[hh][0], acc[hh][1]);
+                *reinterpret_cast<float2 *>(ep + (g + 8) * 8 + 2 * q) = make_float2(acc[hh][2], acc[hh][3]);
+            }
+        }
+    }
+    __syncthreads();
+    // 2. x = (r e - lse) log2 e and S per (position, reader, head), e summed over the head's warps
+    for (int i = threadIdx.x; i < 8 * H * nr; i += 256) {
+        const int h = i % H, tp = (i / H) % 8, jj = i / (8 * H), tt = t0 + tp;
+        if (tt >= N) { continue; }
+        float e = 0.0f;
+#pragma unroll
+        for (int wp = 0; wp < WPH; wp++) { e += epart[((h * WPH + wp) * NRMAX + jj) * 8 + tp]; }
+        const size_t row = ((size_t)__ldg(readers + jj) * N + tt) * H + h;
+        const float rt = __ldg(rk + tt);
+        xs[(tp * NRMAX + jj) * H + h] = make_float2(fmaf(rt * LOG2E_F, e, -__ldg(lseall + row) * LOG2E_F), __ldg(Sall + row));
+    }
+    __syncthreads();
+    // 3. the reader loop of this warp's position
+    if (live) {
+        const float2 *xw = xs + w * NRMAX * H;
+        float *dw = dss + w * DPOS;
+        for (int jj = 0; jj < nr; jj++) {
+            uint4 Graw[NCH];
+            float G[NCH][8], p[NCH];
+            cp_async_wait<ROUTE_RING - 2>();   // reader jj's row is in (this lane's packs)
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) { Graw[ch] = ringl[(g12_stage(jj) * NCH + ch) * 32]; }
+            issue(jj + ROUTE_RING - 1);        // into the stage of reader jj - 1, which this lane has read
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                unpack8_bits(Graw[ch], G[ch]);
+                float pd = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) { pd = fmaf(G[ch][k], vf[ch][k], pd); }
+                p[ch] = pd;
+            }
+            head_sum<C, H>(p);
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const int h = head_of<C, H>(ch, lane);
+                const float2 x = xw[jj * H + h];
+                const float av = exp2f(x.x), ds = av * (p[ch] - x.y);   // a = exp(r e - lse), ds = a (p - S)
+#pragma unroll
+                for (int k = 0; k < 8; k++) { dv[ch][k] = fmaf(av, G[ch][k], dv[ch][k]); }
+                if (head_first<C, H>(ch, lane)) { dw[h * DSTR + jj] = ds; }
+            }
+        }
+        cp_async_wait<0>();   // the zero-byte copies past nr (the ring holds U next)
+    }
+    __syncthreads();
+    // 4. U^T = QG^T DS^T over this warp's channels, per 16 channels (one head)
+#pragma unroll
+    for (int mc = 0; mc < KS; mc++) {
+        const int c0 = cw + mc * 16, h = c0 / HC;
+        float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ks = 0; ks < mtn; ks++) {
+            const float *dp = dss + g * DPOS + h * DSTR + ks * 16 + 2 * q;   // B[reader][position g]
+            const float2 d0 = *reinterpret_cast<const float2 *>(dp), d1 = *reinterpret_cast<const float2 *>(dp + 8);
+            uint32_t bh0, bl0, bh1, bl1;
+            split2_bf16(d0.x, d0.y, bh0, bl0);
+            split2_bf16(d1.x, d1.y, bh1, bl1);
+            const uint4 ah = __ldg(qf + qf15_u(0, c0 / 16, ks, lane, C)), al = __ldg(qf + qf15_u(1, c0 / 16, ks, lane, C));
+            mma15(u, ah, bh0, bh1);
+            mma15(u, ah, bl0, bl1);
+            mma15(u, al, bh0, bh1);
+        }
+        us[(2 * q) * UST + c0 + g] = u[0];
+        us[(2 * q + 1) * UST + c0 + g] = u[1];
+        us[(2 * q) * UST + c0 + g + 8] = u[2];
+        us[(2 * q + 1) * UST + c0 + g + 8] = u[3];
+    }
+    __syncthreads();
+    // 5. this warp's position: k_i = gamma r_i v_i, so dv = sum_j a_j G_j + r U - (r^3 / C) (U . v) v
+    if (!live) { return; }
+    float U[NCH][8], uvl = 0.0f;
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        ld_f8(us + w * UST + ch * 256 + lane * 8, U[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { uvl = fmaf(U[ch][k], vf[ch][k], uvl); }
+    }
+    const float k3 = r * r * r / C * warp_sum(uvl);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] += r * U[ch][k] - k3 * vf[ch][k]; }
+        st_f8(dslot + (gi + ch * 256), dv[ch]);
+        st_bf8(dslotX + (gi + ch * 256), dv[ch]);
+    }
+    const int nrp = (nr + 3) & ~3;   // ds r for the q/gamma pass: (N, H, nrp), the padding not written
+    if (lane < nr) {
+        for (int h = 0; h < H; h++) { dsr[((size_t)t * H + h) * nrp + lane] = dss[w * DPOS + h * DSTR + lane] * r; }
+    }
+}
+
+// --cpu-selftest of v15: the kernel's phases for one or two blocks, lane by lane where
+// the tensor cores run (the A fragments as the prep builds them, each mma emulated from
+// the fragment layouts above: every element of A and B taken from exactly one lane and
+// register, D handed back the same way; epart, xs, dss and us indexed as in the kernel),
+// position by position in the reader loop (v12's), against the gather's sums in float64.
+static bool v15_emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_t (&b)[32][2]) {
+    double A[16][16], B[16][8];
+    int na[16][16] = {}, nb[16][8] = {};
+    for (int lane = 0; lane < 32; lane++) {
+        for (int reg = 0; reg < 4; reg++) {
+            for (int hf = 0; hf < 2; hf++) {
+                int row, col;
+                frag_a_rc(lane, reg, hf, row, col);
+                A[row][col] = bf_bits2f((uint16_t)(a[lane][reg] >> (16 * hf)));
+                na[row][col]++;
+            }
+        }
+        for (int reg = 0; reg < 2; reg++) {
+            for (int hf = 0; hf < 2; hf++) {
+                const int k = 2 * (lane & 3) + hf + 8 * reg, n = lane >> 2;
+                B[k][n] = bf_bits2f((uint16_t)(b[lane][reg] >> (16 * hf)));
+                nb[k][n]++;
+            }
+        }
+    }
+    bool once = true;
+    for (int i = 0; i < 16; i++) {
+        for (int j = 0; j < 16; j++) { once = once && na[i][j] == 1; }
+        for (int j = 0; j < 8; j++) { once = once && nb[i][j] == 1; }
+    }
+    for (int lane = 0; lane < 32; lane++) {
+        for (int i = 0; i < 4; i++) {
+            const int row = (lane >> 2) + 8 * (i >> 1), col = 2 * (lane & 3) + (i & 1);
+            double s = 0;
+            for (int k = 0; k < 16; k++) { s += A[row][k] * B[k][col]; }
+            d[lane][i] += (float)s;
+        }
+    }
+    return once;
+}
+static uint32_t v15_bits2(float x0, float x1) { return (uint32_t)f2bf_bits(x0) | ((uint32_t)f2bf_bits(x1) << 16); }
+
+template <int C, int H> static bool selftest_v15_shape(int nr, int N, uint64_t *rng) {
+    using T = V15<C, H>;
+    constexpr int NCH = T::NCH, HC = T::HC, CG = T::CG, KS = T::KS, HPG = T::HPG, WPH = T::WPH;
+    constexpr int NRMAX = T::NRMAX, DSTR = T::DSTR, DPOS = T::DPOS, UST = T::UST;
+    (void)NCH;
+    const int J = nr + 3;   // sites 0 .. J-1; the readers: nr of them, increasing
+    auto uni = [&]() { *rng = *rng * 6364136223846793005ull + 1442695040888963407ull; return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; };
+    auto bfv = [&](double x) { return (float)bfr(x); };
+    std::vector<int> readers(nr);
+    for (int i = 0, j = 0; i < nr; j++) { if (J - j <= nr - i || uni() > 0) { readers[i++] = j; } }
+    std::vector<float> v((size_t)N * C), r(N), G((size_t)J * N * C), S((size_t)J * N * H), lse((size_t)J * N * H), qg((size_t)J * C);
+    for (auto &x : v) { x = bfv(uni()); }
+    for (auto &x : G) { x = bfv(0.3 * uni()); }
+    for (auto &x : qg) { x = (float)(0.4 * uni()); }
+    for (int t = 0; t < N; t++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += (double)v[(size_t)t * C + c] * v[(size_t)t * C + c]; }
+        r[t] = (float)(1.0 / sqrt(ss / C + 1e-6));
+    }
+    for (auto &x : S) { x = (float)(0.2 * uni()); }
+    for (auto &x : lse) { x = (float)(1.0 + uni()); }
+    // the slot's fragments, as route_qfrag15_kernel builds them
+    std::vector<uint32_t> qf((size_t)16 * C * 4);
+    for (int i = 0; i < 16 * C; i++) {
+        for (int reg = 0; reg < 4; reg++) {
+            uint32_t wv = 0;
+            for (int hf = 0; hf < 2; hf++) {
+                bool u;
+                int hl, jj, c;
+                qf15_elem(i, C, 2 * reg + hf, u, hl, jj, c);
+                const float x = jj < nr ? qg[(size_t)readers[jj] * C + c] : 0.0f;
+                float hi, lo;
+                bf16_split(x, hi, lo);
+                wv |= (uint32_t)f2bf_bits(hl ? lo : hi) << (16 * hf);
+            }
+            qf[(size_t)i * 4 + reg] = wv;
+        }
+    }
+    auto frag = [&](int idx, uint32_t (&a)[32][4], int lane) { for (int k = 0; k < 4; k++) { a[lane][k] = qf[(size_t)idx * 4 + k]; } };
+    const int mtn = (nr + 15) >> 4;
+    bool once = true;
+    double num = 0, den = 0, dnum = 0, dden = 0;
+    for (int t0 = 0; t0 < N; t0 += 8) {
+        std::vector<float> epart((size_t)H * WPH * NRMAX * 8, NAN), dss((size_t)8 * DPOS, 0.0f), us((size_t)8 * UST, NAN);
+        std::vector<float> xsx((size_t)8 * NRMAX * H, NAN), xsS((size_t)8 * NRMAX * H, NAN);
+        // 1. E^T
+        for (int w = 0; w < 8; w++) {
+            const int cw = w * CG;
+            uint32_t bv[KS][32][2];
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, q = lane & 3, tb = t0 + g;
+                for (int ks = 0; ks < KS; ks++) {
+                    const size_t o = (size_t)tb * C + cw + ks * 16 + 2 * q;
+                    bv[ks][lane][0] = tb < N ? v15_bits2(v[o], v[o + 1]) : 0u;
+                    bv[ks][lane][1] = tb < N ? v15_bits2(v[o + 8], v[o + 9]) : 0u;
+                }
+            }
+            for (int mt = 0; mt < mtn; mt++) {
+                float acc[HPG][32][4] = {};
+                for (int ks = 0; ks < KS; ks++) {
+                    const int hh = HPG > 1 ? ks * 16 / HC : 0, kg = cw / 16 + ks;
+                    uint32_t ah[32][4], al[32][4];
+                    for (int lane = 0; lane < 32; lane++) { frag(qf15_e(0, mt, kg, lane, C), ah, lane); frag(qf15_e(1, mt, kg, lane, C), al, lane); }
+                    once &= v15_emu_mma(acc[hh], ah, bv[ks]);
+                    once &= v15_emu_mma(acc[hh], al, bv[ks]);
+                }
+                for (int hh = 0; hh < HPG; hh++) {
+                    const int h = cw / HC + hh, wp = HPG > 1 ? 0 : (cw % HC) / CG;
+                    float *ep = epart.data() + ((size_t)(h * WPH + wp) * NRMAX + mt * 16) * 8;
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int g = lane >> 2, q = lane & 3;
+                        ep[g * 8 + 2 * q] = acc[hh][lane][0]; ep[g * 8 + 2 * q + 1] = acc[hh][lane][1];
+                        ep[(g + 8) * 8 + 2 * q] = acc[hh][lane][2]; ep[(g + 8) * 8 + 2 * q + 1] = acc[hh][lane][3];
+                    }
+                }
+            }
+        }
+        // 2. x and S
+        for (int i = 0; i < 8 * H * nr; i++) {
+            const int h = i % H, tp = (i / H) % 8, jj = i / (8 * H), tt = t0 + tp;
+            if (tt >= N) { continue; }
+            float e = 0.0f;
+            for (int wp = 0; wp < WPH; wp++) { e += epart[((h * WPH + wp) * NRMAX + jj) * 8 + tp]; }
+            const size_t row = ((size_t)readers[jj] * N + tt) * H + h;
+            xsx[(tp * NRMAX + jj) * H + h] = fmaf(r[tt] * 1.4426950408889634f, e, -lse[row] * 1.4426950408889634f);
+            xsS[(tp * NRMAX + jj) * H + h] = S[row];
+        }
+        // 3. the reader loops
+        std::vector<float> dvG((size_t)8 * C, 0.0f);
+        for (int w = 0; w < 8 && t0 + w < N; w++) {
+            const int t = t0 + w;
+            for (int jj = 0; jj < nr; jj++) {
+                const float *Gr = G.data() + ((size_t)readers[jj] * N + t) * C;
+                for (int h = 0; h < H; h++) {
+                    float p = 0.0f;
+                    for (int c = h * HC; c < (h + 1) * HC; c++) { p += Gr[c] * v[(size_t)t * C + c]; }
+                    const float av = exp2f(xsx[(w * NRMAX + jj) * H + h]), ds = av * (p - xsS[(w * NRMAX + jj) * H + h]);
+                    for (int c = h * HC; c < (h + 1) * HC; c++) { dvG[(size_t)w * C + c] += av * Gr[c]; }
+                    dss[w * DPOS + h * DSTR + jj] = ds;
+                }
+            }
+        }
+        // 4. U^T
+        for (int w = 0; w < 8; w++) {
+            const int cw = w * CG;
+            for (int mc = 0; mc < KS; mc++) {
+                const int c0 = cw + mc * 16, h = c0 / HC;
+                float u[32][4] = {};
+                for (int ks = 0; ks < mtn; ks++) {
+                    uint32_t bh[32][2], bl[32][2], ah[32][4], al[32][4];
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int g = lane >> 2, q = lane & 3;
+                        const float *dp = dss.data() + g * DPOS + h * DSTR + ks * 16 + 2 * q;
+                        for (int reg = 0; reg < 2; reg++) {
+                            float h0, l0, h1, l1;
+                            bf16_split(dp[8 * reg], h0, l0);
+                            bf16_split(dp[8 * reg + 1], h1, l1);
+                            bh[lane][reg] = v15_bits2(h0, h1);
+                            bl[lane][reg] = v15_bits2(l0, l1);
+                        }
+                        frag(qf15_u(0, c0 / 16, ks, lane, C), ah, lane);
+                        frag(qf15_u(1, c0 / 16, ks, lane, C), al, lane);
+                    }
+                    once &= v15_emu_mma(u, ah, bh);
+                    once &= v15_emu_mma(u, ah, bl);
+                    once &= v15_emu_mma(u, al, bh);
+                }
+                for (int lane = 0; lane < 32; lane++) {
+                    const int g = lane >> 2, q = lane & 3;
+                    us[(2 * q) * UST + c0 + g] = u[lane][0]; us[(2 * q + 1) * UST + c0 + g] = u[lane][1];
+                    us[(2 * q) * UST + c0 + g + 8] = u[lane][2]; us[(2 * q + 1) * UST + c0 + g + 8] = u[lane][3];
+                }
+            }
+        }
+        // 5. finish, against the float64 sums
+        for (int w = 0; w < 8 && t0 + w < N; w++) {
+            const int t = t0 + w;
+            const float *vt = v.data() + (size_t)t * C;
+            double uv = 0;
+            for (int c = 0; c < C; c++) { uv += (double)us[w * UST + c] * vt[c]; }
+            const double k3 = (double)r[t] * r[t] * r[t] / C * uv;
+            std::vector<double> ref(C, 0.0);
+            double refuv = 0;
+            for (int jj = 0; jj < nr; jj++) {
+                const int j = readers[jj];
+                const float *Gr = G.data() + ((size_t)j * N + t) * C;
+                for (int h = 0; h < H; h++) {
+                    double e = 0, p = 0;
+                    for (int c = h * HC; c < (h + 1) * HC; c++) { e += (double)qg[(size_t)j * C + c] * vt[c]; p += (double)Gr[c] * vt[c]; }
+                    const size_t row = ((size_t)j * N + t) * H + h;
+                    const double a = exp(r[t] * e - lse[row]), ds = a * (p - S[row]);
+                    for (int c = h * HC; c < (h + 1) * HC; c++) { ref[c] += r[t] * ds * qg[(size_t)j * C + c] + a * Gr[c]; }
+                    refuv += ds * e;
+                    const double got = dss[w * DPOS + h * DSTR + jj] * r[t];
+                    dnum = std::max(dnum, fabs(got - ds * r[t])); dden = std::max(dden, fabs(ds * r[t]));
+                }
+            }
+            for (int c = 0; c < C; c++) {
+                const double x = ref[c] - (double)r[t] * r[t] * r[t] / C * refuv * vt[c];
+                const double got = dvG[(size_t)w * C + c] + (double)r[t] * us[w * UST + c] - k3 * vt[c];
+                num = std::max(num, fabs(got - x)); den = std::max(den, fabs(x));
+            }
+        }
+    }
+    const double err = num / den, derr = dnum / dden;
+    const bool ok = once && err < 1e-4 && derr < 1e-4;
+    printf("  v15 gather, lane emulation C=%-4d H=%-2d nr=%-2d N=%-2d: dslot rel %.1e, ds r rel %.1e%s  %s\n", C, H, nr, N,
+           err, derr, once ? "" : " (a fragment element taken twice or never)", ok ? "ok" : "FAIL");
+    return ok;
+}
+static bool selftest_v15(uint64_t seed) {
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 5;
+    bool ok = true;
+    ok &= selftest_v15_shape<512, 8>(25, 13, &rng);
+    ok &= selftest_v15_shape<512, 8>(16, 8, &rng);
+    ok &= selftest_v15_shape<512, 8>(1, 9, &rng);
+    ok &= selftest_v15_shape<512, 1>(17, 11, &rng);
+    ok &= selftest_v15_shape<512, 16>(32, 16, &rng);
+    ok &= selftest_v15_shape<512, 2>(5, 8, &rng);
+    ok &= selftest_v15_shape<1024, 8>(20, 10, &rng);
+    ok &= selftest_v15_shape<1024, 1>(9, 8, &rng);
+    ok &= selftest_v15_shape<1024, 16>(31, 12, &rng);
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
+// v16: v14 with the q/gamma pass on tensor cores
+
+// Per head, the pass is a matrix product: QV^T (readers x channels) = DSR^T (readers x
+// positions) V (positions x channels), summed over a partition of positions. v11's
+// pass runs it on the CUDA cores (0.99 ms for the 25 slots at 100M, 3.7x its byte
+// floor in session 9); here on mma.sync m16n8k16: M = readers (two m-tiles, nr <= 32),
+// N = channels (warp w: channels 64 w .. of the block's 512), K = positions (16 a
+// stage). ds r is fp32: it goes in as two bf16 parts, hi and lo (2 products, 16 bits);
+// v is bf16 already and comes through ldmatrix.trans. Same partials as v11: part
+// (P, nr, C), but over partitions of v16_rows positions (P = ceil(N / v16_rows)): 256 by
+// default; V16_ROWS=128 (environment, at least 128: the partials' buffer) for the bench of another.
+static int v16_rows = 256;
+#define V16_TP 16   // positions a stage (one k-step); two stages
+// ds row stride in shared memory (floats): H nrp, padded to 4 mod 32 so that a
+// fragment's 8 readers x 4 positions hit 32 distinct banks
+__host__ __device__ inline int v16_ps(int H, int nrp) { const int hn = H * nrp; return hn + (((4 - hn) % 32) + 32) % 32; }
+__host__ __device__ inline size_t v16_stage(int C, int H, int nr) {
+    const int CB = C < 512 ? C : 512, nrp = (nr + 3) & ~3;
+    return (size_t)V16_TP * (CB + 8) * 2 + (size_t)V16_TP * v16_ps(H, nrp) * 4;
+}
+static size_t v16_smem(int C, int H, int nr) { return 2 * v16_stage(C, H, nr); }
+// which shapes it takes: 64-channel warps inside the heads' 8-channel n-tiles, two m-tiles of readers
+static bool v16_fits(int C, int H, int nr) { return C % 64 == 0 && (C / H) % 8 == 0 && nr >= 1 && nr <= 32 && v16_smem(C, H, nr) <= 200 * 1024; }
+
+__device__ __forceinline__ void ldsm_x4_t16(uint32_t (&r)[4], const bf16 *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// part (P, nr, C): partition p's sum over its positions t of dsr[t, h(c), jj] * v_k[t][c].
+// Grid (ceil(C / 512), P), 256 threads (two blocks an SM); positions in stages of V16_TP through two stages of
+// shared memory (cp.async; zeros past the partition). A (readers x positions) for head h,
+// m-tile mt: a0 = (reader 16 mt + g, positions 2q, 2q+1), a1 = reader + 8, a2 = positions + 8,
+// a3 = both (the fragment layout of v15); readers past nr are zeros (dsr's padding readers
+// [nr, nrp) hold whatever the buffer held and are never read). B (positions x channels) =
+// the stage's v rows by ldmatrix.trans, two n-tiles of 8 channels each.
+__global__ void __launch_bounds__(256, 2) route_param_v16_kernel(float *part, const float *__restrict__ dsr,
+                                                                const bf16 *__restrict__ v, int nr, int N, int C, int H,
+                                                                int rows) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int nrp = (nr + 3) & ~3, HN = H * nrp, PS = v16_ps(H, nrp), HC = C / H;
+    const int cb0 = blockIdx.x * 512, CB = min(512, C - cb0), LDV = CB + 8, p = blockIdx.y;
+    const int t0 = p * rows, t1 = min(t0 + rows, N), mtn = (nr + 15) >> 4, cw = w * 64;
+    const size_t vbytes = (size_t)V16_TP * LDV * 2, stage = v16_stage(C, H, nr);
+    auto vs_of = [&](int s) { return reinterpret_cast<bf16 *>(smem_raw + s * stage); };
+    auto ds_of = [&](int s) { return reinterpret_cast<float *>(smem_raw + s * stage + vbytes); };
+    auto issue = [&](int s, int ta) {   // positions ta .. ta + V16_TP into stage s (zeros past t1); one commit group
+        if (ta < t1) {
+            bf16 *vs = vs_of(s);
+            float *ds = ds_of(s);
+            const int nq = CB / 8, nd = HN / 4;
+            for (int i = threadIdx.x; i < V16_TP * nq; i += 256) {
+                const int t = i / nq, col = i - t * nq;
+                const bool ok = ta + t < t1;
+                cp_async16z((uint32_t)__cvta_generic_to_shared(vs + t * LDV + col * 8),
+                            v + (size_t)(ok ? ta + t : t0) * C + cb0 + col * 8, ok ? 16u : 0u);
+            }
+            for (int i = threadIdx.x; i < V16_TP * nd; i += 256) {
+                const int t = i / nd, col = i - t * nd;
+                const bool ok = ta + t < t1;
+                cp_async16z((uint32_t)__cvta_generic_to_shared(ds + t * PS + col * 4),
+                            dsr + (size_t)(ok ? ta + t : t0) * HN + col * 4, ok ? 16u : 0u);
+            }
+        }
+        cp_async_commit();
+    };
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) { acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f; }
+    }
+    const bool wlive = cw < CB;   // warp-uniform
+    issue(0, t0);
+    for (int ta = t0, s = 0; ta < t1; ta += V16_TP, s ^= 1) {
+        issue(s ^ 1, ta + V16_TP);   // the next stage, while this one is summed
+        cp_async_wait<1>();
+        __syncthreads();             // stage s is in, from every thread's copies
+        if (wlive) {
+            const bf16 *vs = vs_of(s);
+            const float *ds = ds_of(s);
+            uint32_t bb[4][4];       // B of n-tiles 2 nn (bb[nn][0..1]) and 2 nn + 1 (bb[nn][2..3])
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++) {
+                ldsm_x4_t16(bb[nn], vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDV + cw + nn * 16 + (lane >> 4) * 8);
+            }
+            int hprev = -1;
+            uint32_t ah[2][4], al[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const int h = (cb0 + cw + nt * 8) / HC;
+                if (h != hprev) {   // A of head h (warp-uniform): ds r of the stage's 16 positions, hi and lo
+                    hprev = h;
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                        for (int reg = 0; reg < 4; reg++) {
+                            const int jj = 16 * mt + g + (reg & 1) * 8, t = 2 * q + (reg >> 1) * 8;
+                            const float x0 = jj < nr ? ds[t * PS + h * nrp + jj] : 0.0f;
+                            const float x1 = jj < nr ? ds[(t + 1) * PS + h * nrp + jj] : 0.0f;
+                            split2_bf16(x0, x1, ah[mt][reg], al[mt][reg]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    if (mt < mtn) {
+                        mma16(acc[mt][nt], ah[mt], bb[nt >> 1][(nt & 1) * 2], bb[nt >> 1][(nt & 1) * 2 + 1]);
+                        mma16(acc[mt][nt], al[mt], bb[nt >> 1][(nt & 1) * 2], bb[nt >> 1][(nt & 1) * 2 + 1]);
+                    }
+                }
+            }
+        }
+        __syncthreads();   // stage s is read: the next iteration refills it
+    }
+    cp_async_wait<0>();
+    if (!wlive) { return; }
+    // D (reader 16 mt + g + 8 half, channel cb0 + cw + 8 nt + 2q .. +1)
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int jj = 16 * mt + g + 8 * half;
+                if (mt < mtn && jj < nr) {
+                    *reinterpret_cast<float2 *>(part + ((size_t)p * nr + jj) * C + cb0 + cw + nt * 8 + 2 * q) =
+                        make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+                }
+            }
+        }
+    }
+}
+
+// --cpu-selftest of v16: one partition's block, warp by warp and stage by stage, the A
+// fragments built by the kernel's index math from a stage laid out as the kernel lays it
+// (rows of PS floats), B taken in the B fragment layout (what ldmatrix.trans gives the flash
+// kernels), each mma through v15_emu_mma, the stores as the kernel's; against float64 sums.
+static bool selftest_v16_shape(int C, int H, int nr, int N, uint64_t *rng) {
+    auto uni = [&]() { *rng = *rng * 6364136223846793005ull + 1442695040888963407ull; return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; };
+    const int nrp = (nr + 3) & ~3, HN = H * nrp, PS = v16_ps(H, nrp), HC = C / H, mtn = (nr + 15) >> 4;
+    std::vector<float> dsr((size_t)N * HN), v((size_t)N * C);
+    for (size_t i = 0; i < dsr.size(); i++) { dsr[i] = (i % nrp) < (size_t)nr ? (float)uni() : NAN; }   // padding: NaN
+    for (auto &x : v) { x = (float)bfr(uni()); }
+    const int P = (N + v16_rows - 1) / v16_rows;
+    std::vector<float> part((size_t)P * nr * C, NAN);
+    for (int p = 0; p < P; p++) {
+        for (int cb0 = 0; cb0 < C; cb0 += 512) {
+            const int CB = std::min(512, C - cb0), t0 = p * v16_rows, t1 = std::min(t0 + v16_rows, N);
+            for (int w = 0; w < 8; w++) {
+                const int cw = w * 64;
+                if (cw >= CB) { continue; }
+                float acc[2][8][32][4] = {};
+                for (int ta = t0; ta < t1; ta += V16_TP) {
+                    std::vector<float> ds((size_t)V16_TP * PS, 0.0f);   // the stage (zeros past t1)
+                    for (int t = 0; t < V16_TP; t++) {
+                        for (int i = 0; i < HN; i++) { ds[(size_t)t * PS + i] = ta + t < t1 ? dsr[(size_t)(ta + t) * HN + i] : 0.0f; }
+                    }
+                    int hprev = -1;
+                    uint32_t ah[2][32][4], al[2][32][4], bb[32][2];
+                    for (int nt = 0; nt < 8; nt++) {
+                        const int h = (cb0 + cw + nt * 8) / HC;
+                        if (h != hprev) {
+                            hprev = h;
+                            for (int mt = 0; mt < 2; mt++) {
+                                for (int lane = 0; lane < 32; lane++) {
+                                    const int g = lane >> 2, q = lane & 3;
+                                    for (int reg = 0; reg < 4; reg++) {
+                                        const int jj = 16 * mt + g + (reg & 1) * 8, t = 2 * q + (reg >> 1) * 8;
+                                        const float x0 = jj < nr ? ds[(size_t)t * PS + h * nrp + jj] : 0.0f;
+                                        const float x1 = jj < nr ? ds[(size_t)(t + 1) * PS + h * nrp + jj] : 0.0f;
+                                        float h0, l0, h1, l1;
+                                        bf16_split(x0, h0, l0);
+                                        bf16_split(x1, h1, l1);
+                                        ah[mt][lane][reg] = v15_bits2(h0, h1);
+                                        al[mt][lane][reg] = v15_bits2(l0, l1);
+                                    }
+                                }
+                            }
+                        }
+                        for (int lane = 0; lane < 32; lane++) {   // B[k = position][n = channel], the B layout
+                            const int g = lane >> 2, q = lane & 3, c = cb0 + cw + nt * 8 + g;
+                            for (int reg = 0; reg < 2; reg++) {
+                                const int k0 = 2 * q + 8 * reg;
+                                const float y0 = ta + k0 < t1 ? v[(size_t)(ta + k0) * C + c] : 0.0f;
+                                const float y1 = ta + k0 + 1 < t1 ? v[(size_t)(ta + k0 + 1) * C + c] : 0.0f;
+                                bb[lane][reg] = v15_bits2(y0, y1);
+                            }
+                        }
+                        for (int mt = 0; mt < mtn; mt++) {
+                            v15_emu_mma(acc[mt][nt], ah[mt], bb);
+                            v15_emu_mma(acc[mt][nt], al[mt], bb);
+                        }
+                    }
+                }
+                for (int mt = 0; mt < mtn; mt++) {
+                    for (int nt = 0; nt < 8; nt++) {
+                        for (int lane = 0; lane < 32; lane++) {
+                            const int g = lane >> 2, q = lane & 3;
+                            for (int half = 0; half < 2; half++) {
+                                const int jj = 16 * mt + g + 8 * half;
+                                if (jj >= nr) { continue; }
+                                float *o = &part[((size_t)p * nr + jj) * C + cb0 + cw + nt * 8 + 2 * q];
+                                o[0] = acc[mt][nt][lane][2 * half];
+                                o[1] = acc[mt][nt][lane][2 * half + 1];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    double num = 0, den = 0;
+    bool finite = true;
+    for (int p = 0; p < P; p++) {
+        for (int jj = 0; jj < nr; jj++) {
+            for (int c = 0; c < C; c++) {
+                double s = 0;
+                for (int t = p * v16_rows; t < std::min((p + 1) * v16_rows, N); t++) {
+                    s += (double)dsr[(size_t)t * HN + (c / HC) * nrp + jj] * v[(size_t)t * C + c];
+                }
+                const double got = part[((size_t)p * nr + jj) * C + c];
+                finite = finite && std::isfinite(got);
+                num = std::max(num, fabs(got - s)); den = std::max(den, fabs(s));
+            }
+        }
+    }
+    const double err = num / den;
+    const bool ok = finite && err < 1e-4;
+    printf("  v16 q/gamma pass, lane emulation C=%-4d H=%-2d nr=%-2d N=%-3d: max rel err %.1e%s  %s\n", C, H, nr, N, err,
+           finite ? "" : " (a partial not finite)", ok ? "ok" : "FAIL");
+    return ok;
+}
+static bool selftest_v16(uint64_t seed) {
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 9;
+    bool ok = true;
+    ok &= selftest_v16_shape(512, 8, 25, 300, &rng);   // two partitions, the second partial; two m-tiles
+    ok &= selftest_v16_shape(512, 1, 13, 40, &rng);
+    ok &= selftest_v16_shape(512, 16, 32, 33, &rng);   // heads of 32 channels: two a warp
+    ok &= selftest_v16_shape(256, 32, 5, 20, &rng);    // heads of 8 channels: one per n-tile; 4 of 8 warps
+    ok &= selftest_v16_shape(1024, 8, 17, 17, &rng);   // two channel blocks
+    ok &= selftest_v16_shape(768, 4, 1, 9, &rng);      // a half channel block; one reader
+    return ok;
+}
+
+// ----------------------------------------------------------------------------
 // Host side: buffers, the whole-model passes per version
 
 struct Dev {
@@ -3436,6 +4243,7 @@ struct Dev {
     int *src, *nsrc, *rd;                                 // (J, J), (J), (J, J)
     float *p13h, *p13l; float *p13own;                    // v13: partials (kmax-1, N, C), (kmax-1, N, H), in Gb
                                                           // when they fit (as the trainer's in route_G), else p13own
+    uint4 *qf15; int *nrd;                                // v15: every slot's A fragments (J, 16 C); readers per slot (J)
 };
 
 struct KernelSet {   // the templated kernels of one (C, H)
@@ -3447,6 +4255,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*gather7)(const Prob &, const Dev &, int k);
     void (*fwd13)(const Prob &, const Dev &, int j);
     void (*fwd14)(const Prob &, const Dev &, int j);
+    void (*gather15)(const Prob &, const Dev &, int k);
 };
 
 template <int C, int H> struct Impl {
@@ -3505,7 +4314,7 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
-        } else if (ver >= 12 && ver <= 14) {   // v11's gather, leaner (route_gather_v12_kernel); v13's, v14's too
+        } else if (ver >= 12 && ver != 15) {   // v11's gather, leaner (route_gather_v12_kernel); v13's, v14's, v16's too
             constexpr size_t smem = ring_smem12<C>();
             static bool limit_set = false;
             if (!v12_fits(P, k)) {
@@ -3594,7 +4403,22 @@ template <int C, int H> struct Impl {
     }
     static void fwd13(const Prob &P, const Dev &d, int j) { fwd13_any<false>(P, d, j); }
     static void fwd14(const Prob &P, const Dev &d, int j) { fwd13_any<true>(P, d, j); }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14}; }
+    // v15: the gather with E and U on tensor cores (route_gather_v15_kernel; nr <= 32)
+    static void gather15(const Prob &P, const Dev &d, int k) {
+        const size_t N = P.N;
+        constexpr size_t smem = v15_smem<C, H>();
+        static bool limit_set = false;
+        if (P.nr[k] > V15_NRMAX || !v12_fits(P, k)) {
+            fprintf(stderr, "error: v15's gather needs nr <= %d (slot %d has %d) and J N C < 2^31\n", V15_NRMAX, k, P.nr[k]);
+            exit(1);
+        }
+        ring_smem_limit(route_gather_v15_kernel<C, H>, smem, limit_set);
+        route_gather_v15_kernel<C, H><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C,
+                                                                 d.r + k * N, d.Gb, d.Sb, d.lse, d.rd + k * P.J, P.nr[k],
+                                                                 d.qf15 + (size_t)k * 16 * C, P.N, (unsigned)(N * C));
+        LAUNCH_CHECK();
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14, gather15}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -3641,6 +4465,8 @@ static Dev dev_alloc(const Prob &P) {
     d.p13own = np13 * 4 <= J * N * C * 2 ? nullptr : dalloc<float>(np13);
     d.p13h = d.p13own != nullptr ? d.p13own : reinterpret_cast<float *>(d.Gb);
     d.p13l = d.p13h + (size_t)(v13_kmax(P.C) - 1) * N * C;
+    d.qf15 = dalloc<uint4>(J * 16 * C); d.nrd = dalloc<int>(J);
+    CK(cudaMemcpy(d.nrd, P.nr.data(), J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.ul7, P.v7_ul.data(), J * J * 3 * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.nsrc, P.n.data(), J * sizeof(int), cudaMemcpyHostToDevice));
@@ -3650,7 +4476,7 @@ static Dev dev_alloc(const Prob &P) {
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
                   d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
-                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own};
+                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own, d.qf15, d.nrd};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -3674,7 +4500,7 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             LAUNCH_CHECK();
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
-        } else if (ver == 13 || ver == 14) {
+        } else if (ver >= 13) {   // v15: v14's forward
             if (ver == 13) { ks.fwd13(P, d, j); }
             else { ks.fwd14(P, d, j); }
             if (want_a) {   // a from the stored lse (the kernel does not write it)
@@ -3710,7 +4536,20 @@ template <int CPT> static void param_v11(const Prob &P, const Dev &d, int k, uns
 static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const float *dsr) {
     const size_t N = P.N, C = P.C, H = P.H;
     const unsigned np = cdiv(N, PART_ROWS45);
-    if (ver >= 11) {   // v11, v12
+    if (ver == 16) {   // on tensor cores, partitions of v16_rows
+        if (!v16_fits(P.C, P.H, P.nr[k])) {
+            fprintf(stderr, "error: v16's q/gamma pass needs C %% 64 == 0, C/H %% 8 == 0, 1 <= nr <= 32 (slot %d: %d)\n", k, P.nr[k]);
+            exit(1);
+        }
+        const size_t smem = v16_smem(P.C, P.H, P.nr[k]);
+        static size_t smem_set = 0;
+        if (smem > smem_set) {
+            CK(cudaFuncSetAttribute(route_param_v16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            smem_set = smem;
+        }
+        route_param_v16_kernel<<<dim3(cdiv(C, 512), cdiv(N, v16_rows)), 256, smem>>>(d.gpart45, dsr, d.slots + k * N * C,
+                                                                                    P.nr[k], P.N, P.C, P.H, v16_rows);
+    } else if (ver >= 11) {   // v11, v12 .. v15
         if ((C / H) % 2 == 0) { param_v11<2>(P, d, k, np); }   // two channels a thread, of one head
         else { param_v11<1>(P, d, k, np); }
     } else if (ver >= 5) {
@@ -3737,6 +4576,10 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
     if (ver <= 2) { CK(cudaMemsetAsync(d.dslots, 0, J * N * C * sizeof(float), 0)); }   // accumulated per pair
     if (ver >= 3) {
         mul_kernel<<<cdiv(J * C, 256), 256>>>(d.qg, d.q, d.gm, J * C);
+        LAUNCH_CHECK();
+    }
+    if (ver == 15) {   // every slot's A fragments, once per backward
+        route_qfrag15_kernel<<<dim3(cdiv(16 * C, 256), J), 256>>>(d.qf15, d.qg, d.rd, d.nrd, P.J, P.C);
         LAUNCH_CHECK();
     }
     for (int j = P.J - 1; j >= 0; j--) {
@@ -3772,12 +4615,15 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             if (ver == 7) {
                 ks.gather7(P, d, k);
                 if (P.v7_hi[k] >= 0) { dsr = d.dsr7; }   // a lo slot: its readers' ds r are in the second buffer
+            } else if (ver == 15) {
+                ks.gather15(P, d, k);
             } else {
                 ks.gather45(P, d, k, ver);
             }
             run_param_pass(ver, P, d, k, dsr);
             route_reduce45_kernel<<<dim3(cdiv(C, 32), P.nr[k]), dim3(32, 32)>>>(d.qvacc, d.gpart45, d.rd + k * P.J,
-                                                                                 P.nr[k], np, k, P.J, P.C);
+                                                                                 P.nr[k], ver == 16 ? cdiv(N, v16_rows) : np,
+                                                                                 k, P.J, P.C);
             LAUNCH_CHECK();
         } else {
             ks.site3(P, d, j);
@@ -3823,7 +4669,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // makes no pair at L=2): every config then runs both kinds of pass. The bench uses the byte rule.
     if (ver == 7) { build_v7_plan(P, -1e30); }
     // v13, v14: every group the slots allow (up to v13_kmax sites), not only those that save bytes
-    if (ver == 13 || ver == 14) { build_v13_plan(P, v13_kmax(C), true); }
+    if (ver >= 13) { build_v13_plan(P, v13_kmax(C), true); }
     KernelSet ks = kernel_set(C, H);
     HostIn in = make_inputs(P, seed);
     std::vector<double> slots = bf_to_d(in.slots), q = to_d(in.q), gm = to_d(in.gm), g = to_d(in.g), dU = to_d(in.dU);
@@ -3853,7 +4699,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
     if (ver >= 11) { poison11(); }
-    if (ver == 13 || ver == 14) {   // its partials: a read of one never written gives NaN
+    if (ver >= 13) {   // its partials: a read of one never written gives NaN
         CK(cudaMemset(d.p13h, 0xFF, (size_t)(v13_kmax(C) - 1) * NN * (C + H) * 4));
         printf("v%d plan: %d of %d sites start from a partial, %d of %d source rows read\n", ver, P.v13_starts, P.J,
                P.v13_rows, P.P);
@@ -4030,7 +4876,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 14; ver++) {
+    for (int ver = 1; ver <= 16; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -4090,10 +4936,17 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "error: unknown flag %s (see the top of dev/cuda/route.cu)\n", a); return 1; }
     }
     if (L < 1 || S < 1 || C < 1 || H < 1 || C % H != 0 || N < 1) { fprintf(stderr, "error: bad shape\n"); return 1; }
+    if (getenv("V16_ROWS") != NULL) {   // v16's partition of positions (a multiple of V16_TP)
+        v16_rows = atoi(getenv("V16_ROWS"));
+        if (v16_rows < 128 || v16_rows % V16_TP != 0) {
+            fprintf(stderr, "error: V16_ROWS=%s: give a multiple of %d, at least 128 (default 256)\n", getenv("V16_ROWS"), V16_TP);
+            return 1;
+        }
+    }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 14 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..14) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 16 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..16) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -4102,7 +4955,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 14 : std::max(ver, std::min(vmax, 14));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 16 : std::max(ver, std::min(vmax, 16));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -2941,10 +2941,9 @@ route_reduce_parts_kernel(float *out, const float *__restrict__ part, const int 
 }
 
 // The launch of route_reduce_parts_kernel: out rows (= or +=) sums of part (P, nm, C)
-void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add,
-                        cudaStream_t stream = 0) {
-    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES), 0, stream>>>(out, part, out_row,
-                                                                                                    P, nm, C, add);
+void route_reduce_parts(float *out, const float *part, const int *out_row, int P, int nm, int C, int add) {
+    route_reduce_parts_kernel<<<dim3(ceil_div(C, 32), nm), dim3(32, ROUTE_RED_LANES)>>>(out, part, out_row, P, nm, C,
+                                                                                       add);
     launchCheck();
 }
 
@@ -3303,7 +3302,7 @@ static int route_param_tile(int CPT, int nr, int H, size_t *smem) {
 // 256 * CPT channels per block), raising its shared-memory limit when a tile needs more
 template <int CPT>
 static void route_slot_param(float *part, const float *dsr, const floatX *v, int nr, size_t N, unsigned P,
-                             const RouteGeo &geo, cudaStream_t stream) {
+                             const RouteGeo &geo) {
     size_t smem;
     int tp = route_param_tile(CPT, nr, geo.H, &smem);
     static size_t smem_set = 0;
@@ -3312,18 +3311,173 @@ static void route_slot_param(float *part, const float *dsr, const floatX *v, int
                                        (int)smem));
         smem_set = smem;
     }
-    route_slot_param_kernel<CPT><<<dim3(ceil_div(geo.C, 256 * CPT), P), 256, smem, stream>>>(part, dsr, v, nr, (int)N,
-                                                                                             geo.C, geo.H, tp);
+    route_slot_param_kernel<CPT><<<dim3(ceil_div(geo.C, 256 * CPT), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C,
+                                                                                     geo.H, tp);
     launchCheck();
 }
 
-// The q/gamma passes feed only route_param_backward, at the end of the
-// backward, so they run on a second stream and overlap the sublayer backwards
-// that follow on the main stream (stream 0). dsr is the one buffer they share
-// with the gathers: the gather of a slot waits until the pass of the slot
-// before has read it (dsr_free), and each pass waits until its gather has
-// written it (dsr_ready). qpart is the passes' own scratch.
-typedef struct { cudaStream_t stream; cudaEvent_t dsr_ready, dsr_free; } RouteSide;
+// The q/gamma pass on tensor cores (lab v16; bf16 build): per head the pass is a matrix
+// product, QV^T (readers x channels) = DSR^T (readers x positions) V (positions x channels)
+// over a partition of positions, here on mma.sync m16n8k16 (fragment layouts: the flash
+// attention kernels' comment): M = readers (two m-tiles, nr <= 32), N = channels (warp w:
+// channels 64 w .. of the block's 512), K = positions (16 a stage, two stages of shared
+// memory filled by cp.async, zeros past the partition). ds r is fp32: it goes in as two
+// bf16 parts, hi = bf16(x) and lo = bf16(x - hi) (two products, 16 bits of mantissa); v is
+// bf16 already and comes through ldmatrix.trans. The same partials as route_slot_param_kernel,
+// part (P, nr, C), over partitions of `rows` positions (Model.qg_rows: 128, or MHAR_QGAMMA_ROWS,
+// a multiple of 16 from 128 up, which the partials' buffer holds; the lab measured the pass at
+// 0.59 ms a step at 100M mhar H=8 with 128, 0.83 with 256, against 0.99 on the CUDA cores).
+#define ROUTE_QG_TC_TP 16   // positions a stage (one k-step)
+// dsr's row stride in shared memory (floats): H nrp padded to 4 mod 32, so that a fragment's
+// 8 readers x 4 positions hit 32 distinct banks; and the bytes of one stage (v rows, then dsr rows)
+__host__ __device__ __forceinline__ int route_qg_tc_ps(int H, int nrp) {
+    const int hn = H * nrp;
+    return hn + (((4 - hn) % 32) + 32) % 32;
+}
+__host__ __device__ __forceinline__ size_t route_qg_tc_stage(int C, int H, int nr) {
+    const int CB = C < 512 ? C : 512;
+    return (size_t)ROUTE_QG_TC_TP * (CB + 8) * 2 + (size_t)ROUTE_QG_TC_TP * route_qg_tc_ps(H, route_nrp(nr)) * 4;
+}
+// The shapes it takes: 64-channel warps, 8-channel n-tiles inside the heads, two m-tiles of readers
+static bool route_qg_tc_fits(int C, int H, int nr) {
+    return sizeof(floatX) == 2 && C % 64 == 0 && (C / H) % 8 == 0 && nr >= 1 && nr <= 32 &&
+           2 * route_qg_tc_stage(C, H, nr) <= 200 * 1024;
+}
+
+#ifndef PRECISION_FP32
+// x0, x1 (fp32) -> bf16x2 hi and lo parts (x0 in the low halves)
+__device__ __forceinline__ void split2_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = pack_bf16(x0 - hf.x, x1 - hf.y);
+}
+
+// part (P, nr, C) = partition p's sum over its positions t of dsr[t, h(c), jj] * v_k[t][c],
+// for every reader jj. Grid (ceil(C / 512), P), 256 threads. A (readers x positions) of
+// head h, m-tile mt: reg0 = (reader 16 mt + g, positions 2q, 2q+1), reg1 = reader + 8,
+// reg2 = positions + 8, reg3 = both; readers past nr are zeros (dsr's padding readers
+// [nr, nrp) hold whatever the buffer held and are never read). B (positions x channels):
+// the stage's v rows, by ldmatrix.trans, two n-tiles of 8 channels at a time. Two blocks an SM.
+__global__ void __launch_bounds__(256, 2)
+route_slot_param_tc_kernel(float *part, const float *__restrict__ dsr, const floatX *__restrict__ v, int nr, int N,
+                           int C, int H, int rows) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int TP = ROUTE_QG_TC_TP;
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+    const int nrp = route_nrp(nr), HN = H * nrp, PS = route_qg_tc_ps(H, nrp), HC = C / H;
+    const int cb0 = blockIdx.x * 512, CB = min(512, C - cb0), LDV = CB + 8, p = blockIdx.y;
+    const int t0 = p * rows, t1 = min(t0 + rows, N), mtn = (nr + 15) / 16, cw = w * 64;
+    const size_t vbytes = (size_t)TP * LDV * 2, stage = route_qg_tc_stage(C, H, nr);
+    auto vs_of = [&](int s) { return reinterpret_cast<bf16 *>(smem_raw + s * stage); };
+    auto ds_of = [&](int s) { return reinterpret_cast<float *>(smem_raw + s * stage + vbytes); };
+    auto issue = [&](int s, int ta) {   // positions ta .. ta+TP into stage s (zeros past t1); one commit group
+        if (ta < t1) {
+            bf16 *vs = vs_of(s);
+            float *ds = ds_of(s);
+            const int nq = CB / 8, nd = HN / 4;   // 16-byte pieces of a v row, of a dsr row
+            for (int i = threadIdx.x; i < TP * nq; i += blockDim.x) {
+                const int t = i / nq, col = i - t * nq;
+                const bool ok = ta + t < t1;
+                cp_async16z((uint32_t)__cvta_generic_to_shared(vs + t * LDV + col * 8),
+                            v + (size_t)(ok ? ta + t : t0) * C + cb0 + col * 8, ok ? 16u : 0u);
+            }
+            for (int i = threadIdx.x; i < TP * nd; i += blockDim.x) {
+                const int t = i / nd, col = i - t * nd;
+                const bool ok = ta + t < t1;
+                cp_async16z((uint32_t)__cvta_generic_to_shared(ds + t * PS + col * 4),
+                            dsr + (size_t)(ok ? ta + t : t0) * HN + col * 4, ok ? 16u : 0u);
+            }
+        }
+        cp_async_commit();
+    };
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) { acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f; }
+    }
+    const bool wlive = cw < CB;   // warp-uniform
+    issue(0, t0);
+    for (int ta = t0, s = 0; ta < t1; ta += TP, s ^= 1) {
+        issue(s ^ 1, ta + TP);   // the next stage, while this one is summed
+        cp_async_wait<1>();
+        __syncthreads();         // stage s is in, from every thread's copies
+        if (wlive) {
+            const float *ds = ds_of(s);
+            uint32_t bb[4][4];   // B of n-tiles 2 nn (bb[nn][0..1]) and 2 nn + 1 (bb[nn][2..3])
+#pragma unroll
+            for (int nn = 0; nn < 4; nn++) { ldsm_x4_t(bb[nn], bt_addr(vs_of(s), LDV, 0, cw + nn * 16, lane)); }
+            int hprev = -1;
+            uint32_t ah[2][4], al[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const int h = (cb0 + cw + nt * 8) / HC;
+                if (h != hprev) {   // A of head h (warp-uniform): ds r of the stage's positions, hi and lo
+                    hprev = h;
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+                        for (int reg = 0; reg < 4; reg++) {
+                            const int jj = 16 * mt + g + (reg & 1) * 8, t = 2 * q + (reg >> 1) * 8;
+                            const float x0 = jj < nr ? ds[t * PS + h * nrp + jj] : 0.0f;
+                            const float x1 = jj < nr ? ds[(t + 1) * PS + h * nrp + jj] : 0.0f;
+                            split2_bf16(x0, x1, ah[mt][reg], al[mt][reg]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    if (mt < mtn) {
+                        mma16816(acc[mt][nt], ah[mt], bb[nt / 2][(nt % 2) * 2], bb[nt / 2][(nt % 2) * 2 + 1]);
+                        mma16816(acc[mt][nt], al[mt], bb[nt / 2][(nt % 2) * 2], bb[nt / 2][(nt % 2) * 2 + 1]);
+                    }
+                }
+            }
+        }
+        __syncthreads();   // stage s is read: the next iteration refills it
+    }
+    cp_async_wait<0>();
+    if (!wlive) { return; }
+    // D (reader 16 mt + g + 8 half, channels cb0 + cw + 8 nt + 2q, +1)
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int jj = 16 * mt + g + 8 * half;
+                if (mt < mtn && jj < nr) {
+                    *reinterpret_cast<float2 *>(part + ((size_t)p * nr + jj) * C + cb0 + cw + nt * 8 + 2 * q) =
+                        make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+                }
+            }
+        }
+    }
+}
+#endif
+
+// Launches route_slot_param_tc_kernel over ceil(N / rows) partitions (returned), raising
+// its shared-memory limit when a slot needs more
+static unsigned route_slot_param_tc(float *part, const float *dsr, const floatX *v, int nr, size_t N, int rows,
+                                    const RouteGeo &geo) {
+    const unsigned P = ceil_div(N, rows);
+#ifndef PRECISION_FP32
+    const size_t smem = 2 * route_qg_tc_stage(geo.C, geo.H, nr);
+    static size_t smem_set = 0;
+    if (smem > smem_set) {
+        cudaCheck(cudaFuncSetAttribute(route_slot_param_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        smem_set = smem;
+    }
+    route_slot_param_tc_kernel<<<dim3(ceil_div(geo.C, 512), P), 256, smem>>>(part, dsr, v, nr, (int)N, geo.C, geo.H,
+                                                                             rows);
+    launchCheck();
+#else
+    (void)part; (void)dsr; (void)v; (void)nr; (void)rows; (void)geo;
+    die("internal: the tensor-core q/gamma pass is bf16 only");
+#endif
+    return P;
+}
 
 // Launches route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, raising its shared-memory limit once
 template <int VEC, int NCH, int SEG, bool LEAN>
@@ -3340,18 +3494,15 @@ static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr,
 
 // Backward of every routing site into slot k's gradient (see the kernel above),
 // given the G, S of every site j >= k (J sites) and the forward's lse: writes dslot (N, C)
-// when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy
-// dslotX (N, C) unless NULL, and, for each of the nr readers, the pair's qv (C) = sum over
-// positions of ds r v_k (on side's stream). v (N, C) and r (N) are slot k's; readers (nr)
-// are the sites that read it and rd_pair their pair indices (device). dsr (N, H, nrp) and
-// qpart (ceil(N/128) * nr * C) are scratch. The gather takes its lean path where lean is
-// set and route_gather_lean holds (a run-time choice per slot, between two compiled
-// instances; Model.gather_lean); both paths compute the same sums in the same order.
-void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, float *qpart, const floatX *v,
-                         const float *r, const floatX *G, const float *S, const float *lse, const int *readers,
-                         const int *rd_pair, int nr, const float *qg, int chain, int keep32, size_t N, size_t J,
-                         int lean, const RouteGeo &geo, const RouteSide &side) {
-    cudaCheck(cudaStreamWaitEvent(0, side.dsr_free, 0));   // the previous q/gamma pass has read dsr
+// when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
+// unless NULL, and dsr (N, H, nrp): ds r of each of the nr readers, for route_slot_qgamma.
+// v (N, C) and r (N) are slot k's; readers (nr) are the sites that read it (device). The
+// gather takes its lean path where lean is set and route_gather_lean holds (a run-time
+// choice per slot, between two compiled instances; Model.gather_lean); both paths compute
+// the same sums in the same order.
+void route_slot_backward(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r, const floatX *G,
+                         const float *S, const float *lse, const int *readers, int nr, const float *qg, int chain,
+                         int keep32, size_t N, size_t J, int lean, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         if constexpr (route_ring<VEC>()) {
@@ -3365,15 +3516,26 @@ void route_slot_backward(float *dslot, floatX *dslotX, float *qv, float *dsr, fl
                                                          keep32, N, geo);
     });
     launchCheck();
-    // s[h,i] = r_i sum_c q gamma v_i:  dq += gamma sum_t ds r v, dgamma += q sum_t ds r v
-    cudaCheck(cudaEventRecord(side.dsr_ready, 0));
-    cudaCheck(cudaStreamWaitEvent(side.stream, side.dsr_ready, 0));
+}
+
+// The q/gamma pass of slot k, after its gather: s[h,i] = r_i sum_c q gamma v_i, so
+// dq += gamma sum_t ds r v and dgamma += q sum_t ds r v. Writes, for each of the nr
+// readers, the pair's qv (C) = sum over positions of ds r v_k (rows rd_pair, device),
+// from dsr (N, H, nrp) and slot k's v (N, C); qpart (ceil(N/128) * nr * C) is scratch.
+// On tensor cores, over partitions of qg_rows positions, where qg_rows > 0 and
+// route_qg_tc_fits holds (bf16; Model.qg_rows), else on the CUDA cores
+// (route_slot_param_kernel, fp32). Until session 9 the pass ran on a second stream beside
+// the sublayer backwards that follow, and slowed their matmuls by about 0.9 ms a step at
+// 100M mhar H=8 whether it took 1.0 ms (CUDA cores) or 0.6 (tensor cores); on the one
+// stream it costs what it takes (NOTES_route.md, "Session 9").
+void route_slot_qgamma(float *qv, float *qpart, const float *dsr, const floatX *v, const int *rd_pair, int nr,
+                       size_t N, int qg_rows, const RouteGeo &geo) {
     unsigned P = ceil_div(N, ROUTE_PART_ROWS);
-    if ((geo.C / geo.H) % 2 == 0) { route_slot_param<2>(qpart, dsr, v, nr, N, P, geo, side.stream); }   // two channels a thread, of one head
-    else { route_slot_param<1>(qpart, dsr, v, nr, N, P, geo, side.stream); }
+    if (qg_rows > 0 && route_qg_tc_fits(geo.C, geo.H, nr)) { P = route_slot_param_tc(qpart, dsr, v, nr, N, qg_rows, geo); }
+    else if ((geo.C / geo.H) % 2 == 0) { route_slot_param<2>(qpart, dsr, v, nr, N, P, geo); }   // two channels a thread, of one head
+    else { route_slot_param<1>(qpart, dsr, v, nr, N, P, geo); }
     // qv[rd_pair[jj]] (C) = the sum over the P partitions of reader jj's partials
-    route_reduce_parts(qv, qpart, rd_pair, (int)P, nr, geo.C, 0, side.stream);
-    cudaCheck(cudaEventRecord(side.dsr_free, side.stream));
+    route_reduce_parts(qv, qpart, rd_pair, (int)P, nr, geo.C, 0);
 }
 
 // The lean gather's index math, on the CPU, for a model's layout, slots and N
@@ -3745,7 +3907,7 @@ typedef struct {
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
     float *route_dsr;  // (N, H, J rounded up to 4)  ds r of the slot being gathered, per reading site (mhar)
     float *route_part; // (N/32, C)  per-block partials of the site passes' norm-weight sums (mhar)
-    float *route_qpart; // (N/128 * J, C)  per-partition partials of the q/gamma passes (mhar; side stream)
+    float *route_qpart; // (N/128 * J, C)  per-partition partials of the q/gamma passes (mhar)
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *route_fwdp; // (K-1, N, C), then (K-1, N, H): the grouped routing forward's partials (mhar,
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
@@ -3780,7 +3942,8 @@ typedef struct {
     int fwd_v14;                    // routing forward kernel: 1 = v14 (the default, where the layout has it), 0 = v13
     int fwd_v14_asked;              // v14 wanted (not MHAR_FWD_KERNEL=v13); fwd_v14 0 then: this layout has no v14
     int gather_lean;                // the slot gather's lean path where route_gather_lean holds (not MHAR_GATHER=old)
-    RouteSide route_side;           // the q/gamma passes' stream and events (mhar, with the activations)
+    int qg_rows;                    // the q/gamma pass on tensor cores where route_qg_tc_fits holds, over partitions of
+                                    // qg_rows positions (128, MHAR_QGAMMA_ROWS); 0: on CUDA cores (MHAR_QGAMMA=cuda, fp32)
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
     int *inputs, *targets;          // host copies of the current batch
@@ -3874,7 +4037,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     // allow with MHAR_FWD_PLAN=all (the GPU checks, to run the grouped kernels on small models)
     m->fwd_lead = (int *)malloc_check(J * sizeof(int));
     m->fwd_kmax = 1;
-    m->fwd_v14 = m->fwd_v14_asked = m->gather_lean = 0;
+    m->fwd_v14 = m->fwd_v14_asked = m->gather_lean = m->qg_rows = 0;
     for (int j = 0; j < J; j++) { m->fwd_lead[j] = j; }
     if (cfg->mode == RES_MHAR) {
         m->route_geo = route_geometry(cfg->C, cfg->H);
@@ -3894,6 +4057,19 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
             die("MHAR_GATHER=%s: give old or lean (the default)", ga);
         }
         m->gather_lean = !(ga != NULL && strcmp(ga, "old") == 0);
+        // the q/gamma pass: on tensor cores where the shape allows (bf16; default) or MHAR_QGAMMA=cuda (the
+        // CUDA-core pass everywhere: an A/B in one binary; only dq and dgamma move, by fp32 rounding)
+        const char *qe = getenv("MHAR_QGAMMA");
+        if (qe != NULL && qe[0] != '\0' && strcmp(qe, "cuda") != 0 && strcmp(qe, "tc") != 0) {
+            die("MHAR_QGAMMA=%s: give cuda or tc (the default)", qe);
+        }
+        const char *qr = getenv("MHAR_QGAMMA_ROWS");
+        m->qg_rows = qr != NULL && qr[0] != '\0' ? atoi(qr) : 128;
+        if (m->qg_rows < 128 || m->qg_rows % ROUTE_QG_TC_TP != 0) {
+            die("MHAR_QGAMMA_ROWS=%s: give the positions a q/gamma partition has, a multiple of %d from 128 up "
+                "(default 128)", qr, ROUTE_QG_TC_TP);
+        }
+        if (sizeof(floatX) != 2 || (qe != NULL && strcmp(qe, "cuda") == 0)) { m->qg_rows = 0; }
         const char *e = getenv("MHAR_FWD_GROUP"), *pl = getenv("MHAR_FWD_PLAN");
         int want = e != NULL && e[0] != '\0' ? atoi(e) : 4;
         if (want < 1) { die("MHAR_FWD_GROUP=%s: give the most sites a routing forward group has (1: no groups)", e); }
@@ -3968,12 +4144,6 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
     if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
-    if (mhar) {
-        RouteSide *sd = &m->route_side;
-        cudaCheck(cudaStreamCreateWithFlags(&sd->stream, cudaStreamNonBlocking));
-        cudaCheck(cudaEventCreateWithFlags(&sd->dsr_ready, cudaEventDisableTiming));
-        cudaCheck(cudaEventCreateWithFlags(&sd->dsr_free, cudaEventDisableTiming));
-    }
 
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_targets, N * sizeof(int)));
@@ -4000,8 +4170,11 @@ void model_alloc_acts(Model *m, int B, int T) {
         int lean = route_gather_index_check(m->route_geo, rd, m->slot_nr, J, N);
         free(rd);
 #ifndef TESTING
-        printf("routing gather: lean path (v12) for %d of %zu slots%s, index check at N = %zu passed\n", lean, J,
-               m->gather_lean ? "" : " (off: MHAR_GATHER=old)", N);
+        int qtc = 0;   // the slots whose q/gamma pass runs on tensor cores
+        for (size_t k = 0; k < J; k++) { qtc += m->qg_rows > 0 && route_qg_tc_fits(c->C, c->H, m->slot_nr[k]); }
+        printf("routing gather: lean path (v12) for %d of %zu slots%s, index check at N = %zu passed; q/gamma pass on "
+               "tensor cores for %d%s\n", lean, J, m->gather_lean ? "" : " (off: MHAR_GATHER=old)", N, qtc,
+               m->qg_rows > 0 ? "" : " (MHAR_QGAMMA=cuda)");
 #else
         (void)lean;
 #endif
@@ -4221,7 +4394,8 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 // stores G_j = dL/dh_j and S_j, and recomputes u_j into u when u is not NULL
 // (std keeps every u_j). Every site that reads slot j is >= j, so all of
 // them have stored theirs by now: route_slot_backward gathers slot j's gradient
-// into dslots, over the dslot j+1 it holds (added in when slot j+1 = out_j + slot j).
+// into dslots, over the dslot j+1 it holds (added in when slot j+1 = out_j + slot j),
+// and route_slot_qgamma sums its readers' shares of the q and gamma gradients.
 void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX *u) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -4240,10 +4414,12 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
     int keep32 = j == 0 || slot_chains(c, j - 1);
     prof("bwd route: slot gather");
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
-    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_qv, g->route_dsr, g->route_qpart, SLOT(j),
-                        a->slot_r + j * N, g->route_G, g->route_S, a->route_lse, SLOT_RD(j), SLOT_RD_PAIR(j),
-                        m->slot_nr[j], a->route_qg, chain, keep32, N, J, m->gather_lean, m->route_geo,
-                        m->route_side);
+    route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_dsr, SLOT(j), a->slot_r + j * N, g->route_G,
+                        g->route_S, a->route_lse, SLOT_RD(j), m->slot_nr[j], a->route_qg, chain, keep32, N, J,
+                        m->gather_lean, m->route_geo);
+    prof("bwd route: q/gamma pass");
+    route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(j), SLOT_RD_PAIR(j), m->slot_nr[j], N, m->qg_rows,
+                      m->route_geo);
 }
 
 // Forward pass on host inputs (B, T). With targets, also the per-position
@@ -4380,7 +4556,6 @@ void model_backward(Model *m, float dloss) {
     // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
     prof("bwd route params");
     if (c->mode == RES_MHAR) {
-        cudaCheck(cudaStreamWaitEvent(0, m->route_side.dsr_free, 0));   // the last q/gamma pass is done
         route_param_backward(dp->rq, dp->rg, g->route_qv, m->d_pair_off, p->rq, p->rg, (int)(2 * L + 1), c->C);
     }
 }
@@ -4540,10 +4715,6 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
     cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
-    if (m->route_side.stream != NULL) {
-        cudaCheck(cudaStreamDestroy(m->route_side.stream));
-        cudaCheck(cudaEventDestroy(m->route_side.dsr_ready)); cudaCheck(cudaEventDestroy(m->route_side.dsr_free));
-    }
     free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead);
     free(m->inputs); free(m->targets); free(m->losses_host);
 }

@@ -4,29 +4,45 @@
 # T=2048, random tokens, and prints the mean tokens/s of each and B/A per mode; with
 # PROFILE=1 also the routing lines of one MHAR_PROFILE=4 step of each. Alternating
 # rounds spread clock and thermal drift over both sides.
-#   usage: bash dev/ab_gpu.sh A.cu B.cu ["mode flags" ...]
+#   usage: bash dev/ab_gpu.sh A B ["mode flags" ...]
+#          A, B: a version of train_mhar.cu (built here, bf16), or a built train_mhar_cu binary;
+#          the same file twice is built once (then A_ENV / B_ENV make the difference)
 #          (default modes: "-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
-#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a
-# Example: git show main:train_mhar.cu > /tmp/a.cu && bash dev/ab_gpu.sh /tmp/a.cu train_mhar.cu
+#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a PROFILE_GREP='route|recompute|residual|total'
+#        (the profile lines shown); A_ENV, B_ENV: variables for the A or B runs
+#        only, as "NAME=value ..." (a switch of the trainer, for an A/B in one binary)
+# Examples: git show main:train_mhar.cu > /tmp/a.cu && bash dev/ab_gpu.sh /tmp/a.cu train_mhar.cu
+#           A_ENV=MHAR_GATHER=lean bash dev/ab_gpu.sh train_mhar.cu train_mhar.cu "-r mhar -H 8"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: bash dev/ab_gpu.sh A.cu B.cu [\"mode flags\" ...]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: bash dev/ab_gpu.sh A B [\"mode flags\" ...]  (A, B: train_mhar.cu versions or binaries)" >&2; exit 2; }
 A=$1 B=$2; shift 2
-for f in "$A" "$B"; do [ -f "$f" ] || { echo "error: $f: no such file; give two versions of train_mhar.cu" >&2; exit 2; }; done
+for f in "$A" "$B"; do
+    [ -f "$f" ] || { echo "error: $f: no such file; give two versions of train_mhar.cu, or built binaries" >&2; exit 2; }
+done
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
 ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-12} GPU_ARCH=${GPU_ARCH:-sm_90a}
+PROFILE_GREP=${PROFILE_GREP:-route|recompute|residual|total}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublas -lcudart"   # -I.: common/
 t0=$(date +%s)
-nvcc $flags -o "$tmp/a" "$A" & pa=$!
-nvcc $flags -o "$tmp/b" "$B" & pb=$!
-wait $pa; wait $pb
-echo "ab_gpu: built A ($A) and B ($B) in $(( $(date +%s) - t0 )) s; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+build() {   # source or binary, output
+    case "$1" in
+        *.cu) nvcc $flags -o "$2" "$1" ;;
+        *) [ -x "$1" ] || { echo "error: $1: neither a .cu file nor an executable" >&2; exit 2; }; cp "$1" "$2" ;;
+    esac
+}
+build "$A" "$tmp/a" & pa=$!
+if [ "$(realpath "$A")" = "$(realpath "$B")" ]; then wait $pa; cp "$tmp/a" "$tmp/b"
+else build "$B" "$tmp/b" & pb=$!; wait $pa; wait $pb; fi
+echo "ab_gpu: A = $A${A_ENV:+ with $A_ENV}, B = $B${B_ENV:+ with $B_ENV}; ready in $(( $(date +%s) - t0 )) s;" \
+     "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 mkdir -p data/bench
 [ -f data/bench/random_3m.bin ] || python3 dev/make_shard.py data/bench/random_3m.bin --tokens 3000000 --vocab 50257
-train() {   # binary, steps, mode flags...
-    local bin=$1 n=$2; shift 2
-    "$bin" -preset 100m -T 2048 -b 16 -warmup 1 -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n "$n" "$@"
+train() {   # binary, steps, mode flags...  (A_ENV / B_ENV by the binary)
+    local bin=$1 n=$2 envs; shift 2
+    if [ "$bin" = "$tmp/a" ]; then envs=${A_ENV:-}; else envs=${B_ENV:-}; fi
+    env $envs "$bin" -preset 100m -T 2048 -b 16 -warmup 1 -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n "$n" "$@"
 }
 tps() {     # mean tokens/s after the first 3 steps
     awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {printf "%.0f", k ? s / k : 0}'
@@ -44,7 +60,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
     for m in "${modes[@]}"; do
         for s in a b; do
             echo; echo "profile $s, $m:"
-            MHAR_PROFILE=4 train "$tmp/$s" 4 $m 2>&1 | sed -n '/^profile/,/^  total/p' | grep -E "route|recompute|residual|total"
+            MHAR_PROFILE=4 train "$tmp/$s" 4 $m 2>&1 | sed -n '/^profile/,/^  total/p' | grep -E "$PROFILE_GREP"
         done
     done
 fi

@@ -943,7 +943,8 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
 // Checkpoints (format in common/checkpoint.h). Tensors are stored as float32
 // whatever `real` is here.
 
-static void write_reals(FILE *f, const real *x, size_t n, int elem, const char *path) {
+static void write_reals(FILE *f, const void *xv, size_t n, int elem, const char *path) {
+    const real *x = (const real *)xv;
     if ((size_t)elem == sizeof(real)) { fwrite_check(x, sizeof(real), n, f, path); return; }
     const size_t chunk = 1 << 16;
     void *buf = malloc_check(chunk * 8);
@@ -957,7 +958,8 @@ static void write_reals(FILE *f, const real *x, size_t n, int elem, const char *
     free(buf);
 }
 
-static void read_reals(FILE *f, real *x, size_t n, int elem, const char *path) {
+static void read_reals(FILE *f, void *xv, size_t n, int elem, const char *path) {
+    real *x = (real *)xv;
     if ((size_t)elem == sizeof(real)) { fread_check(x, sizeof(real), n, f, path); return; }
     const size_t chunk = 1 << 16;
     void *buf = malloc_check(chunk * 8);
@@ -971,41 +973,20 @@ static void read_reals(FILE *f, real *x, size_t n, int elem, const char *path) {
     free(buf);
 }
 
+static void *alloc_reals(size_t n) { return calloc_check(n, sizeof(real)); }
+
 // Save parameters (content CKPT_PARAMS), parameters + AdamW state (CKPT_TRAIN),
 // or the gradients (CKPT_GRADS), via path.tmp and a rename.
 void model_save(const Model *m, const char *path, CkptInfo info) {
-    char tmp[4096];
-    FILE *f = ckpt_begin_write(path, tmp);
-    int header[CKPT_HEADER_INTS];
-    if (info.elem == 0) { info.elem = 4; }
-    ckpt_header_make(header, &m->cfg, &info);
-    fwrite_check(header, sizeof(int), CKPT_HEADER_INTS, f, tmp);
-    write_reals(f, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem, m->nparams, info.elem, tmp);
-    if (info.content == CKPT_TRAIN) {
-        if (m->adam_m == NULL) { die("internal: saving optimizer state before the first step"); }
-        write_reals(f, m->adam_m, m->nparams, info.elem, tmp);
-        write_reals(f, m->adam_v, m->nparams, info.elem, tmp);
-    }
-    ckpt_end_write(f, tmp, path);
+    ckpt_save(path, &m->cfg, info, m->nparams, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem,
+              m->adam_m, m->adam_v, write_reals);
 }
 
 // Load a checkpoint into a model built with the same config (dies on any
 // mismatch). Loads AdamW state too when the file has it.
 void model_load(Model *m, const char *path, CkptInfo *info) {
-    Config fc;
-    FILE *f = ckpt_open_read(path, &fc, info);
-    ckpt_check_config(path, &fc, &m->cfg);
-    if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
-    read_reals(f, m->params_mem, m->nparams, info->elem, path);
-    if (info->content == CKPT_TRAIN) {
-        if (m->adam_m == NULL) {
-            m->adam_m = (real *)calloc_check(m->nparams, sizeof(real));
-            m->adam_v = (real *)calloc_check(m->nparams, sizeof(real));
-        }
-        read_reals(f, m->adam_m, m->nparams, info->elem, path);
-        read_reals(f, m->adam_v, m->nparams, info->elem, path);
-    }
-    fclose(f);
+    ckpt_load(path, &m->cfg, info, m->nparams, m->params_mem, (void **)&m->adam_m, (void **)&m->adam_v,
+              read_reals, alloc_reals);
 }
 
 void model_free(Model *m) {

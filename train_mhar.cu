@@ -4649,7 +4649,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
 // AdamW state, the same files as train_mhar.c writes, so either trainer loads
 // the other's. Tensors travel through a host buffer.
 
-void write_floats(FILE *f, const float *dev, size_t n, int elem, const char *path) {
+static void write_floats(FILE *f, const void *dev, size_t n, int elem, const char *path) {
     float *host = (float *)malloc_check(n * sizeof(float));
     cudaCheck(cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost));
     if (elem == 4) { fwrite_check(host, sizeof(float), n, f, path); }
@@ -4659,7 +4659,7 @@ void write_floats(FILE *f, const float *dev, size_t n, int elem, const char *pat
     free(host);
 }
 
-void read_floats(FILE *f, float *dev, size_t n, int elem, const char *path) {
+static void read_floats(FILE *f, void *dev, size_t n, int elem, const char *path) {
     float *host = (float *)malloc_check(n * sizeof(float));
     if (elem == 4) { fread_check(host, sizeof(float), n, f, path); }
     else {
@@ -4669,42 +4669,26 @@ void read_floats(FILE *f, float *dev, size_t n, int elem, const char *path) {
     free(host);
 }
 
+static void *alloc_floats(size_t n) {
+    void *p;
+    cudaCheck(cudaMalloc(&p, n * sizeof(float)));
+    zero(p, n * sizeof(float));
+    return p;
+}
+
 // Save parameters (content CKPT_PARAMS), parameters + AdamW state (CKPT_TRAIN),
 // or the gradients (CKPT_GRADS), via path.tmp and a rename.
 void model_save(const Model *m, const char *path, CkptInfo info) {
-    char tmp[4096];
-    FILE *f = ckpt_begin_write(path, tmp);
-    int header[CKPT_HEADER_INTS];
-    if (info.elem == 0) { info.elem = 4; }
-    ckpt_header_make(header, &m->cfg, &info);
-    fwrite_check(header, sizeof(int), CKPT_HEADER_INTS, f, tmp);
-    write_floats(f, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem, m->nparams, info.elem, tmp);
-    if (info.content == CKPT_TRAIN) {
-        if (m->adam_m == NULL) { die("internal: saving optimizer state before the first step"); }
-        write_floats(f, m->adam_m, m->nparams, info.elem, tmp);
-        write_floats(f, m->adam_v, m->nparams, info.elem, tmp);
-    }
-    ckpt_end_write(f, tmp, path);
+    ckpt_save(path, &m->cfg, info, m->nparams, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem,
+              m->adam_m, m->adam_v, write_floats);
 }
 
 // Load a checkpoint into a model built with the same config (dies on any
 // mismatch). Loads AdamW state too when the file has it.
 void model_load(Model *m, const char *path, CkptInfo *info) {
-    Config fc;
-    FILE *f = ckpt_open_read(path, &fc, info);
-    ckpt_check_config(path, &fc, &m->cfg);
-    if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
-    read_floats(f, m->params_mem, m->nparams, info->elem, path);
+    ckpt_load(path, &m->cfg, info, m->nparams, m->params_mem, (void **)&m->adam_m, (void **)&m->adam_v,
+              read_floats, alloc_floats);
     if ((void *)m->paramsX_mem != (void *)m->params_mem) { cast(m->paramsX_mem, m->params_mem, m->nparams); }
-    if (info->content == CKPT_TRAIN) {
-        if (m->adam_m == NULL) {
-            cudaCheck(cudaMalloc(&m->adam_m, m->nparams * sizeof(float)));
-            cudaCheck(cudaMalloc(&m->adam_v, m->nparams * sizeof(float)));
-        }
-        read_floats(f, m->adam_m, m->nparams, info->elem, path);
-        read_floats(f, m->adam_v, m->nparams, info->elem, path);
-    }
-    fclose(f);
 }
 
 void model_free(Model *m) {

@@ -109,3 +109,50 @@ static void ckpt_end_write(FILE *f, const char *tmp, const char *path) {
     fclose(f);
     if (rename(tmp, path) != 0) { die("cannot rename %s to %s: %s", tmp, path, strerror(errno)); }
 }
+
+// How a trainer moves n of its tensor values to or from a file as elem-byte
+// floats (4 or 8): from host reals in train_mhar.c, from device floats in
+// train_mhar.cu. x is the trainer's array, path the file named in errors.
+typedef void (*CkptWriteFn)(FILE *f, const void *x, size_t n, int elem, const char *path);
+typedef void (*CkptReadFn)(FILE *f, void *x, size_t n, int elem, const char *path);
+
+// Save a model of config cfg with n parameters to path, via path.tmp and a
+// rename: its parameters (content CKPT_PARAMS), its parameters then AdamW m
+// then v (CKPT_TRAIN), or its gradients (CKPT_GRADS: pass them as params).
+// info.elem 0 means 4. The arrays are the trainer's; wr moves them.
+static void ckpt_save(const char *path, const Config *cfg, CkptInfo info, size_t n, const void *params,
+                      const void *adam_m, const void *adam_v, CkptWriteFn wr) {
+    char tmp[4096];
+    FILE *f = ckpt_begin_write(path, tmp);
+    int header[CKPT_HEADER_INTS];
+    if (info.elem == 0) { info.elem = 4; }
+    ckpt_header_make(header, cfg, &info);
+    fwrite_check(header, sizeof(int), CKPT_HEADER_INTS, f, tmp);
+    wr(f, params, n, info.elem, tmp);
+    if (info.content == CKPT_TRAIN) {
+        if (adam_m == NULL) { die("internal: saving optimizer state before the first step"); }
+        wr(f, adam_m, n, info.elem, tmp);
+        wr(f, adam_v, n, info.elem, tmp);
+    }
+    ckpt_end_write(f, tmp, path);
+}
+
+// Load path into a model of config cfg with n parameters (dies on any
+// mismatch, and on a gradient dump): the parameters, and AdamW m and v when
+// the file has them, into *adam_m and *adam_v, which alloc (n zeroed values
+// in the trainer's memory) makes first where they are NULL.
+static void ckpt_load(const char *path, const Config *cfg, CkptInfo *info, size_t n, void *params,
+                      void **adam_m, void **adam_v, CkptReadFn rd, void *(*alloc)(size_t n)) {
+    Config fc;
+    FILE *f = ckpt_open_read(path, &fc, info);
+    ckpt_check_config(path, &fc, cfg);
+    if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
+    rd(f, params, n, info->elem, path);
+    if (info->content == CKPT_TRAIN) {
+        if (*adam_m == NULL) { *adam_m = alloc(n); }
+        if (*adam_v == NULL) { *adam_v = alloc(n); }
+        rd(f, *adam_m, n, info->elem, path);
+        rd(f, *adam_v, n, info->elem, path);
+    }
+    fclose(f);
+}

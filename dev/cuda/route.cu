@@ -14,7 +14,7 @@ Run:
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
     --vmax M                        with --version N: versions N..M (inputs drawn once)
-    ./route --all                   --check and --bench of every version (1..16)
+    ./route --all                   --check and --bench of every version (1..17)
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
 What is timed: a whole-model routing pass with the sublayers replaced by fixed
@@ -138,6 +138,14 @@ Versions (NOTES_route.md has the byte counts and predictions):
       session 9): QV^T = DSR^T V per head on mma.sync, ds r in two bf16 parts,
       v by ldmatrix.trans; the same partials over partitions of v16_rows (256,
       V16_ROWS=128 in the environment) positions. --cpu-selftest emulates it.
+  v17 v16 with the gather's four products on tensor cores (route_gather_v17_kernel
+      <C, H, NP>; session 10): a warp per NP positions (V17_NP=1 or 2, default 2),
+      head by head: p = G v and sum_j a_j G_j as block matrix-vector products on
+      mma.sync (one of eight columns used), e = qg v and U = sum_j ds_j qg_j with
+      qg from a per-block image in shared memory (ldmatrix), the G fragments
+      transposed in registers (movmatrix), no shuffles for the head sums. C = 512,
+      heads of 32 or 64 channels, nr <= 32 (other slots: v12's gather). A
+      persistent grid. --cpu-selftest emulates it lane by lane.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -182,6 +190,9 @@ traffic and the phases' latency cost more than the leaner loop saves (ncu: 17%
 fewer instructions at one slot); v16 7.32 ms (7.14 with V16_ROWS=128), its
 q/gamma pass alone 0.99 -> 0.83 (0.59) ms. v16's pass is the trainer's since
 session 9, on the main stream (NOTES_route.md, "Session 9").
+v17 (session 10, no device lent): compiled, and emulated lane by lane on the host
+(--cpu-selftest: 8 shapes, two mutations caught); NOT YET RUN on a GPU.
+NOTES_route.md, "v17", has its cost model and the device command.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -192,6 +203,7 @@ session 9, on the main stream (NOTES_route.md, "Session 9").
 #include <string.h>
 #include <time.h>
 #include <vector>
+#include <array>
 #include <algorithm>
 #include "../../common/config.h"
 
@@ -812,6 +824,7 @@ static bool selftest_v13(uint64_t seed);   // below
 static bool selftest_v14(uint64_t seed);   // below
 static bool selftest_v15(uint64_t seed);   // below
 static bool selftest_v16(uint64_t seed);   // below
+static bool selftest_v17(uint64_t seed);   // below
 
 static int cpu_selftest(uint64_t seed) {
     printf("CPU self-test (float64 reference), seed %llu\n", (unsigned long long)seed);
@@ -843,6 +856,7 @@ static int cpu_selftest(uint64_t seed) {
     ok &= selftest_v14(seed + 23);   // v14's transposing head sums (lane emulation) and lazy rescale
     ok &= selftest_v15(seed + 24);   // v15's tensor-core gather: fragments, layouts and phases (lane emulation)
     ok &= selftest_v16(seed + 25);   // v16's q/gamma pass on tensor cores (lane emulation)
+    ok &= selftest_v17(seed + 26);   // v17's gather with every product on tensor cores (design; lane emulation)
     // What bf16 storage costs each output: the basis of the GPU tolerances
     Prob P = make_prob(12, 1, 512, 8, 48);
     HostIn in = make_inputs(P, seed + 6);
@@ -873,7 +887,7 @@ struct Bytes { double fwd, bwd; };
 static Bytes count_bytes(const Prob &P, int ver) {
     const double N = P.N, C = P.C, H = P.H, J = P.J, Pp = P.P;
     const double V = 2 * C, F = 4 * C;                 // one bf16 vector, one fp32 vector
-    const double nblk = ceil(N / 32), npart = ceil(N / (ver >= 4 && ver != 16 ? 128 : 256));
+    const double nblk = ceil(N / 32), npart = ceil(N / (ver >= 4 && ver < 16 ? 128 : 256));
     Bytes b;
     double stats = J * N * (V + 4);                    // r_i: read each slot once, write r
     if (ver == 1) {
@@ -3987,6 +4001,8 @@ static bool selftest_v15(uint64_t seed) {
 // (P, nr, C), but over partitions of v16_rows positions (P = ceil(N / v16_rows)): 256 by
 // default; V16_ROWS=128 (environment, at least 128: the partials' buffer) for the bench of another.
 static int v16_rows = 256;
+static int v17_np = 2;   // v17's positions a warp (1 or 2; env V17_NP)
+static int v17_ran = 0, v17_fell = 0;   // slots v17's kernel took, and those left to v12's gather
 #define V16_TP 16   // positions a stage (one k-step); two stages
 // ds row stride in shared memory (floats): H nrp, padded to 4 mod 32 so that a
 // fragment's 8 readers x 4 positions hit 32 distinct banks
@@ -4228,6 +4244,557 @@ static bool selftest_v16(uint64_t seed) {
 }
 
 // ----------------------------------------------------------------------------
+// v17 (session 10, no device lent: the design, emulated lane by lane here; not yet a kernel):
+// the gather with all four of its products on tensor cores, a warp per NP positions (1 or
+// 2), head by head. NOTES_route.md, "v17", has the cost model this design comes from.
+//
+// Per position t, slot k, head h (HC = C / H channels, SK = HC / 16 k-steps), and a tile
+// of 16 readers j (nr <= 32: one or two tiles), with v = v_k[t] and r = r_k[t]:
+//   P = G_t QG-free:  p_j = G_j[t][h] . v[h]      (16 x HC) (HC x 8): B = v in every column
+//   E:                e_j = qg_j[h] . v[h]        A = qg hi, lo from shared memory (ldmatrix)
+//   per (j, h): a = 2^(r e log2e - lse log2e), ds = a (p - S), u.v += ds e, dsr = ds r
+//   Y = G_t^T W:      sum_j a_j G_j[t][h]         A = the P fragments transposed (movmatrix)
+//   U = QG^T DS:      sum_j ds_j qg_j[h]          A = qg hi, lo (ldmatrix.trans), 3 products
+//   dv[h] += Y + r U, and after the last head dv -= (r^3 / C) (u.v) v.
+// P and Y are matrix-vector products per position: on mma.sync m16n8k16 they fill one
+// column of eight (the others replicate it), which costs tensor-core time, not issue
+// slots. With NP = 2 the warp's B columns 0-3 belong to position t0 and 4-7 to t0 + 1:
+// E and U (whose A, qg, does not depend on the position) run once for both positions,
+// which halves their MMAs and the shared-memory reads of qg. P and Y run per position
+// (each position's G), into separate accumulators whose own columns are kept.
+//
+// The k-slots of a k-step are a permutation of channels (both operands of a product use
+// it, so any permutation is exact): lane q = lane % 4 of a fragment holds k-slots 2q,
+// 2q+1, 2q+8, 2q+9, mapped onto 4 consecutive channels of the HC / 4 that lane q owns in
+// head h, so one contiguous HC / 2-byte load per (row, head) gives all SK k-steps' A
+// registers of that row (G), and the same for v (B). A D row of Y and U is then channel
+// ch17(h, s, kappa) of m-tile s.
+__host__ __device__ inline int ch17(int h, int s, int kap, int HC) {
+    return h * HC + (HC / 4) * ((kap & 7) >> 1) + 4 * s + 2 * (kap >> 3) + (kap & 1);
+}
+// Which position a lane's D columns (n = 2q, 2q + 1) and B column (n = lane / 4) serve
+__host__ __device__ inline int v17_dpos(int lane, int NP) { return NP == 2 ? (lane & 3) >> 1 : 0; }
+__host__ __device__ inline int v17_bpos(int lane, int NP) { return NP == 2 ? lane >> 4 : 0; }
+// The lane that stores ds r and adds ds e to u.v for its (reader, position): one of the
+// lanes that hold the replicated value
+__host__ __device__ inline bool v17_lead(int lane, int NP) { return NP == 2 ? (lane & 1) == 0 : (lane & 3) == 0; }
+// The output rows a lane keeps of m-tile s: it keeps m-tile s when s % 2 == q % 2; then
+// both rows g and g + 8 (NP = 2: lanes q and q ^ 2 hold different positions), or (NP = 1:
+// all four lanes hold the same position) row g for q < 2 and g + 8 for q >= 2.
+__host__ __device__ inline bool v17_keeps(int lane, int s, int row_hi, int NP) {
+    const int q = lane & 3;
+    if ((s & 1) != (q & 1)) { return false; }
+    return NP == 2 ? true : (row_hi == (q >> 1));
+}
+// qg in shared memory, per slot: part hl (0: hi, 1: lo) x 32 reader rows x C k-slot
+// columns (column 16 (h SK + s) + kappa holds channel ch17(h, s, kappa)), rows padded by 8
+// elements (a row is C + 8 bf16, 16 bytes off the next row's bank: ldmatrix conflict-free)
+__host__ __device__ inline int v17_qs(int hl, int j, int col, int C) { return (hl * 32 + j) * (C + 8) + col; }
+// ldmatrix row addresses (elements into the qg image) of lane l for the A fragment of
+// E (rows readers 16 kt.., columns the k-slots of k-step ks) and of U (transposed: rows
+// the k-slots, columns readers; ldmatrix.trans of the same rows). Matrix i = l / 8 is A
+// register i: rows 8 (i & 1).., columns 8 (i >> 1)..
+__host__ __device__ inline int v17_addr_e(int hl, int kt, int ks, int l, int C) {
+    return v17_qs(hl, 16 * kt + (l & 7) + 8 * ((l >> 3) & 1), 16 * ks + 8 * (l >> 4), C);
+}
+__host__ __device__ inline int v17_addr_u(int hl, int kt, int ks, int l, int C) {
+    return v17_qs(hl, 16 * kt + (l & 7) + 8 * (l >> 4), 16 * ks + 8 * ((l >> 3) & 1), C);
+}
+
+// Emulation of the warp-wide operations the kernel will use (PTX ISA fragment layouts):
+// movmatrix.sync.aligned.m8n8.trans.b16: lane l holds row l / 4, columns 2 (l % 4), +1 of
+// an 8x8 b16 matrix (low half first); y is the same fragment of its transpose
+static void emu_movtrans(uint32_t (&y)[32], const uint32_t (&x)[32]) {
+    uint16_t M[8][8];
+    for (int l = 0; l < 32; l++) { M[l >> 2][2 * (l & 3)] = (uint16_t)(x[l] & 0xffff); M[l >> 2][2 * (l & 3) + 1] = (uint16_t)(x[l] >> 16); }
+    for (int l = 0; l < 32; l++) { const int r = l >> 2, c = 2 * (l & 3); y[l] = (uint32_t)M[c][r] | ((uint32_t)M[c + 1][r] << 16); }
+}
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane 8 i + r gives the address of row r
+// of matrix i; register i of lane l gets row l / 4, columns 2 (l % 4), +1 of matrix i (of
+// its transpose with .trans)
+static void emu_ldmatrix4(uint32_t (&out)[32][4], const uint16_t *sm, const int (&addr)[32], bool trans) {
+    for (int l = 0; l < 32; l++) {
+        for (int i = 0; i < 4; i++) {
+            const int r = l >> 2, c = 2 * (l & 3);
+            const uint16_t e0 = trans ? sm[addr[8 * i + c] + r] : sm[addr[8 * i + r] + c];
+            const uint16_t e1 = trans ? sm[addr[8 * i + c + 1] + r] : sm[addr[8 * i + r] + c + 1];
+            out[l][i] = (uint32_t)e0 | ((uint32_t)e1 << 16);
+        }
+    }
+}
+
+// v17's kernel (written in session 10 without a GPU: compiled, and its algebra checked by
+// selftest_v17 above, which follows it step by step; not yet run). Shapes: C = 512 with
+// heads of 32 or 64 channels (H = 16 or 8), at most 32 readers: two reader tiles at most,
+// and each lane holds per head at most 2 SK fragment rows of G. A persistent grid: each
+// block first writes the slot's qg image (both parts, the reader tiles in use) into shared
+// memory, then its warps take groups of NP positions in turn.
+template <int C, int H> struct V17 {
+    static constexpr int HC = C / H, SK = HC / 16, WARPS = 4, MINB = 3;
+    static constexpr size_t SMEM = (size_t)2 * 32 * (C + 8) * sizeof(bf16);
+};
+template <int C, int H> static bool v17_fits(const Prob &P, int k) {
+    return C == 512 && (C / H == 32 || C / H == 64) && P.nr[k] >= 1 && P.nr[k] <= 32;
+}
+__device__ __forceinline__ uint32_t movtrans(uint32_t x) {   // movmatrix .trans (emu_movtrans)
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ void ldsm17(uint32_t (&r)[4], uint32_t a) {   // ldmatrix x4 (emu_ldmatrix4, trans false)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm17t(uint32_t (&r)[4], uint32_t a) {   // ldmatrix x4 .trans
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ uint32_t bf2bits(float lo, float hi) {   // (lo, hi) -> bf16x2, lo in the low half
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&b);
+}
+// HC / 2 bytes at p (SK / 2 uint4) as 2 SK words; zeros when !ok
+template <int SK> __device__ __forceinline__ void ld17(uint32_t (&w)[2 * SK], const bf16 *p, bool ok) {
+#pragma unroll
+    for (int i = 0; i < SK / 2; i++) {
+        const uint4 x = ok ? __ldg(reinterpret_cast<const uint4 *>(p) + i) : make_uint4(0u, 0u, 0u, 0u);
+        w[4 * i] = x.x; w[4 * i + 1] = x.y; w[4 * i + 2] = x.z; w[4 * i + 3] = x.w;
+    }
+}
+
+template <int C, int H, int NP>
+__global__ void __launch_bounds__(V17<C, H>::WARPS * 32, V17<C, H>::MINB)
+route_gather_v17_kernel(float *dslot, bf16 *dslotX, float *dsr, const bf16 *__restrict__ v, const float *__restrict__ rk,
+                        const bf16 *__restrict__ Gall, const float *__restrict__ Sall, const float *__restrict__ lseall,
+                        const int *__restrict__ readers, int nr, const float *__restrict__ qg, int N) {
+    using T = V17<C, H>;
+    constexpr int HC = T::HC, SK = T::SK, KPH = NP == 2 ? SK : SK / 2;
+    static_assert(HC == 32 || HC == 64, "v17: heads of 32 or 64 channels");
+    constexpr float L2E = 1.4426950408889634f;
+    constexpr uint32_t HLB = 2u * 32 * (C + 8), KTB = 2u * 16 * (C + 8);   // bytes from part 0 to 1, tile 0 to 1
+    uint16_t *qs = reinterpret_cast<uint16_t *>(ring_smem_raw);
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, NT = (nr + 15) >> 4, nrp = (nr + 3) & ~3;
+    // the slot's qg image (v17_qs): rows 16 NT, zeros past nr; hi = bf16(x), lo = bf16(x - hi)
+    for (int i = threadIdx.x; i < 16 * NT * C; i += blockDim.x) {
+        const int j = i / C, col = i % C, ks = col >> 4, kap = col & 15;
+        const float x = j < nr ? __ldg(qg + (size_t)__ldg(readers + j) * C + ch17(ks / SK, ks % SK, kap, HC)) : 0.0f;
+        const __nv_bfloat16 hi = __float2bfloat16_rn(x), lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+        qs[v17_qs(0, j, col, C)] = *reinterpret_cast<const uint16_t *>(&hi);
+        qs[v17_qs(1, j, col, C)] = *reinterpret_cast<const uint16_t *>(&lo);
+    }
+    __syncthreads();
+    // per lane, for the whole slot: the sites of its fragment rows (reader 16 kt + g + 8 hf; -1 past nr),
+    // its ldmatrix addresses (E, U: part 0, tile 0, k-step 0), its D and B columns' positions
+    int rj[2][2];
+#pragma unroll
+    for (int kt = 0; kt < 2; kt++) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int jj = 16 * kt + g + 8 * hf;
+            rj[kt][hf] = jj < nr ? __ldg(readers + jj) : -1;
+        }
+    }
+    const uint32_t qb = (uint32_t)__cvta_generic_to_shared(qs);
+    const uint32_t ea = qb + 2u * v17_addr_e(0, 0, 0, lane, C), ua = qb + 2u * v17_addr_u(0, 0, 0, lane, C);
+    const int Xd = v17_dpos(lane, NP), Xb = v17_bpos(lane, NP);
+    const bool lead = v17_lead(lane, NP);
+    const int ngroups = (N + NP - 1) / NP;
+    for (int grp = blockIdx.x * T::WARPS + (int)(threadIdx.x >> 5); grp < ngroups; grp += gridDim.x * T::WARPS) {
+        const int t0 = grp * NP, td = t0 + Xd, tb = t0 + Xb;   // the lane's D position and B position
+        const bool lived = td < N, liveb = tb < N;
+        const float rd = lived ? __ldg(rk + td) : 0.0f;
+        float dvc[H * KPH], uv = 0.0f;
+#pragma unroll
+        for (int i = 0; i < H * KPH; i++) { dvc[i] = 0.0f; }
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+            // v's B fragments (P and E): channels h HC + (HC / 4) q .. of position tb; word 2s, 2s + 1: k-step s
+            uint32_t bw[2 * SK];
+            ld17<SK>(bw, v + (size_t)(liveb ? tb : 0) * C + h * HC + (HC / 4) * q, liveb);
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++) {   // reader tiles (unrolled: rj stays in registers)
+                if (kt >= NT) { break; }
+                // G's A fragments of each position: rows g (hf 0) and g + 8 (hf 1) of the tile
+                uint32_t ga[NP][SK][4];
+#pragma unroll
+                for (int X = 0; X < NP; X++) {
+                    const int t = t0 + X;
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int j = rj[kt][hf];
+                        const bool ok = j >= 0 && t < N;
+                        uint32_t w[2 * SK];
+                        ld17<SK>(w, Gall + ((size_t)(ok ? j : 0) * N + (ok ? t : 0)) * C + h * HC + (HC / 4) * q, ok);
+#pragma unroll
+                        for (int s = 0; s < SK; s++) { ga[X][s][hf] = w[2 * s]; ga[X][s][2 + hf] = w[2 * s + 1]; }
+                    }
+                }
+                // P per position; E once for the NP positions (qg hi, lo from the image)
+                float dP[NP][4], dE[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int X = 0; X < NP; X++) { dP[X][0] = dP[X][1] = dP[X][2] = dP[X][3] = 0.0f; }
+#pragma unroll
+                for (int s = 0; s < SK; s++) {
+#pragma unroll
+                    for (int X = 0; X < NP; X++) { mma16(dP[X], ga[X][s], bw[2 * s], bw[2 * s + 1]); }
+#pragma unroll
+                    for (int hl = 0; hl < 2; hl++) {
+                        uint32_t a[4];
+                        ldsm17(a, ea + hl * HLB + kt * KTB + (uint32_t)(h * SK + s) * 32u);
+                        mma16(dE, a, bw[2 * s], bw[2 * s + 1]);
+                    }
+                }
+                // the weight and ds of readers 16 kt + g (+ 8) at position td; ds r and u.v by the lead lanes
+                float wa[2], wd[2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int j = rj[kt][hf];
+                    float p = dP[0][2 * hf];
+                    if constexpr (NP == 2) { p = Xd ? dP[NP - 1][2 * hf] : p; }
+                    const float e = dE[2 * hf];
+                    wa[hf] = wd[hf] = 0.0f;
+                    if (j >= 0 && lived) {
+                        const size_t row = ((size_t)j * N + td) * H + h;
+                        // out = sum_i a v_i, a = softmax(s): ds = a (p - S); a = exp(r e - lse) as 2^((r e - lse) log2 e)
+                        const float a = exp2f(fmaf(rd * L2E, e, -__ldg(lseall + row) * L2E)), ds = a * (p - __ldg(Sall + row));
+                        wa[hf] = a; wd[hf] = ds;
+                        if (lead) {
+                            uv += ds * e;   // u_j . v = sum_h ds_h e_h
+                            dsr[((size_t)td * H + h) * nrp + 16 * kt + g + 8 * hf] = ds * rd;
+                        }
+                    }
+                }
+                // the weights as B fragments: (w, w) is row g (+ 8) of an 8x8 matrix over (reader, column); transposed
+                uint32_t Wb[4][2];   // a hi, a lo, ds hi, ds lo
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float ah = __bfloat162float(__float2bfloat16_rn(wa[hf])), dh = __bfloat162float(__float2bfloat16_rn(wd[hf]));
+                    const float al = wa[hf] - ah, dl = wd[hf] - dh;
+                    Wb[0][hf] = movtrans(bf2bits(ah, ah)); Wb[1][hf] = movtrans(bf2bits(al, al));
+                    Wb[2][hf] = movtrans(bf2bits(dh, dh)); Wb[3][hf] = movtrans(bf2bits(dl, dl));
+                }
+                // Y = G^T (a hi + a lo) per position, U = qg^T ds (hi hi, hi lo, lo hi) once; per pair of
+                // m-tiles the lane keeps one (s % 2 == q % 2): dv += Y + r U
+#pragma unroll
+                for (int m = 0; m < SK / 2; m++) {
+                    float val[2][2];
+#pragma unroll
+                    for (int sb = 0; sb < 2; sb++) {
+                        const int s = 2 * m + sb;
+                        float dY[NP][4], dU[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int X = 0; X < NP; X++) {
+                            // G^T's A fragment: a0' = T(a0), a1' = T(a2), a2' = T(a1), a3' = T(a3)
+                            const uint32_t at[4] = {movtrans(ga[X][s][0]), movtrans(ga[X][s][2]), movtrans(ga[X][s][1]),
+                                                    movtrans(ga[X][s][3])};
+                            dY[X][0] = dY[X][1] = dY[X][2] = dY[X][3] = 0.0f;
+                            mma16(dY[X], at, Wb[0][0], Wb[0][1]);
+                            mma16(dY[X], at, Wb[1][0], Wb[1][1]);
+                        }
+                        uint32_t qh[4], ql[4];
+                        ldsm17t(qh, ua + kt * KTB + (uint32_t)(h * SK + s) * 32u);
+                        ldsm17t(ql, ua + HLB + kt * KTB + (uint32_t)(h * SK + s) * 32u);
+                        mma16(dU, qh, Wb[2][0], Wb[2][1]);
+                        mma16(dU, qh, Wb[3][0], Wb[3][1]);
+                        mma16(dU, ql, Wb[2][0], Wb[2][1]);
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            float y = dY[0][2 * hf];
+                            if constexpr (NP == 2) { y = Xd ? dY[NP - 1][2 * hf] : y; }
+                            val[sb][hf] = fmaf(rd, dU[2 * hf], y);
+                        }
+                    }
+                    if constexpr (NP == 2) {   // rows g and g + 8 of m-tile 2 m + q % 2
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) { dvc[h * KPH + 2 * m + hf] += (q & 1) ? val[1][hf] : val[0][hf]; }
+                    } else {                   // row g + 8 (q / 2) of m-tile 2 m + q % 2
+                        const float x0 = (q >> 1) ? val[0][1] : val[0][0], x1 = (q >> 1) ? val[1][1] : val[1][0];
+                        dvc[h * KPH + m] += (q & 1) ? x1 : x0;
+                    }
+                }
+            }
+        }
+        // u.v of the lane's position: the lead lanes' sums over g (lanes q = 0 and 2 for NP = 2, q = 0 for NP = 1)
+        float x = lead ? uv : 0.0f;
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        const float uvs = __shfl_sync(0xffffffffu, x, NP == 2 ? 2 * Xd : 0);
+        // k_i = gamma r_i v_i, r_i = (|v_i|^2/C + eps)^(-1/2): dv -= (r^3 / C) (sum_j u_j . v) v
+        const float k3 = rd * rd * rd / C * uvs;
+        if (lived) {
+#pragma unroll
+            for (int h = 0; h < H; h++) {
+#pragma unroll
+                for (int i = 0; i < KPH; i++) {
+                    const int s = 2 * (NP == 2 ? i >> 1 : i) + (q & 1), kap = g + 8 * (NP == 2 ? (i & 1) : (q >> 1));
+                    const size_t o = (size_t)td * C + ch17(h, s, kap, HC);
+                    const float val = dvc[h * KPH + i] - k3 * __bfloat162float(v[o]);
+                    dslot[o] = val;
+                    dslotX[o] = __float2bfloat16_rn(val);
+                }
+            }
+        }
+    }
+}
+
+// --cpu-selftest of v17: one slot's gather, warp by warp (NP positions each), every
+// product through the emulated mma / ldmatrix / movmatrix from the fragment layouts,
+// against the float64 sums; also that every (position, channel) of dslot and every
+// (position, head, reader) of dsr is written by exactly one lane. mutate = 1 swaps two
+// registers of the transposed G fragment (must fail), 2 drops the lo part of qg in E.
+static bool selftest_v17_shape(int C, int H, int nr, int N, int NP, int chain, uint64_t *rng, int mutate = 0) {
+    const int HC = C / H, SK = HC / 16, NT = (nr + 15) / 16, J = nr + 2, nrp = (nr + 3) & ~3;
+    constexpr float L2E = 1.4426950408889634f;
+    auto uni = [&]() { *rng = *rng * 6364136223846793005ull + 1442695040888963407ull; return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; };
+    auto bfv = [&](double x) { return (float)bfr(x); };
+    std::vector<int> readers(nr);
+    for (int i = 0, j = 0; i < nr; j++) { if (J - j <= nr - i || uni() > 0) { readers[i++] = j; } }
+    std::vector<float> v((size_t)N * C), r(N), G((size_t)J * N * C), S((size_t)J * N * H), lse((size_t)J * N * H), qg((size_t)J * C);
+    std::vector<float> old((size_t)N * C);
+    for (auto &x : v) { x = bfv(uni()); }
+    for (auto &x : G) { x = bfv(0.3 * uni()); }
+    for (auto &x : qg) { x = (float)(0.4 * uni()); }
+    for (auto &x : old) { x = (float)(0.1 * uni()); }
+    for (int t = 0; t < N; t++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += (double)v[(size_t)t * C + c] * v[(size_t)t * C + c]; }
+        r[t] = (float)(1.0 / sqrt(ss / C + 1e-6));
+    }
+    for (auto &x : S) { x = (float)(0.2 * uni()); }
+    for (auto &x : lse) { x = (float)(1.0 + uni()); }
+    // the block's qg image (the kernel's prologue writes it, per slot)
+    std::vector<uint16_t> qs((size_t)2 * 32 * (C + 8), 0);
+    for (int j = 0; j < 32; j++) {
+        for (int h = 0; h < H; h++) {
+            for (int s = 0; s < SK; s++) {
+                for (int kap = 0; kap < 16; kap++) {
+                    const float x = j < nr ? qg[(size_t)readers[j] * C + ch17(h, s, kap, HC)] : 0.0f;
+                    float hi, lo;
+                    bf16_split(x, hi, lo);
+                    qs[v17_qs(0, j, 16 * (h * SK + s) + kap, C)] = f2bf_bits(hi);
+                    qs[v17_qs(1, j, 16 * (h * SK + s) + kap, C)] = f2bf_bits(lo);
+                }
+            }
+        }
+    }
+    std::vector<float> dslot((size_t)N * C, NAN), dsr((size_t)N * H * nrp, NAN);
+    std::vector<int> nslot((size_t)N * C, 0), ndsr((size_t)N * H * nrp, 0);
+    bool once = true;
+    for (int t0 = 0; t0 < N; t0 += NP) {
+        int pos[2];
+        bool live[2];
+        for (int X = 0; X < 2; X++) { pos[X] = t0 + X; live[X] = X < NP && pos[X] < N; }
+        const int KPH = NP == 2 ? SK : SK / 2;              // values a lane keeps per head
+        std::vector<float> dvc((size_t)32 * H * KPH, 0.0f);  // the kernel's registers dvc[h KPH + i]
+        std::vector<int> dvch((size_t)32 * H * KPH, -1);     // their channels (for the check)
+        float uv[32] = {};
+        for (int h = 0; h < H; h++) {
+            // v's B fragments (P and E): lane l, column n = l / 4 of position v17_bpos
+            std::vector<std::array<uint32_t, 2>> bvv((size_t)SK * 32);
+            uint32_t bv[32][2];
+            auto vat = [&](int X, int c) { return live[X] ? v[(size_t)pos[X] * C + c] : 0.0f; };
+            for (int s = 0; s < SK; s++) {
+                for (int l = 0; l < 32; l++) {
+                    const int X = v17_bpos(l, NP), q = l & 3;
+                    bvv[s * 32 + l][0] = v15_bits2(vat(X, ch17(h, s, 2 * q, HC)), vat(X, ch17(h, s, 2 * q + 1, HC)));
+                    bvv[s * 32 + l][1] = v15_bits2(vat(X, ch17(h, s, 2 * q + 8, HC)), vat(X, ch17(h, s, 2 * q + 9, HC)));
+                }
+            }
+            auto getbv = [&](int s) { for (int l = 0; l < 32; l++) { bv[l][0] = bvv[s * 32 + l][0]; bv[l][1] = bvv[s * 32 + l][1]; } };
+            for (int kt = 0; kt < NT; kt++) {
+                // G's A fragments, per position and k-step: rows readers 16 kt + g, + 8
+                std::vector<std::array<uint32_t, 4>> ga((size_t)2 * SK * 32);
+                auto Gat = [&](int X, int jj, int c) {
+                    return live[X] && jj < nr ? G[((size_t)readers[jj] * N + pos[X]) * C + c] : 0.0f;
+                };
+                for (int X = 0; X < NP; X++) {
+                    for (int s = 0; s < SK; s++) {
+                        for (int l = 0; l < 32; l++) {
+                            const int g = l >> 2, q = l & 3, j0 = 16 * kt + g, j1 = j0 + 8;
+                            auto &a = ga[(X * SK + s) * 32 + l];
+                            a[0] = v15_bits2(Gat(X, j0, ch17(h, s, 2 * q, HC)), Gat(X, j0, ch17(h, s, 2 * q + 1, HC)));
+                            a[1] = v15_bits2(Gat(X, j1, ch17(h, s, 2 * q, HC)), Gat(X, j1, ch17(h, s, 2 * q + 1, HC)));
+                            a[2] = v15_bits2(Gat(X, j0, ch17(h, s, 2 * q + 8, HC)), Gat(X, j0, ch17(h, s, 2 * q + 9, HC)));
+                            a[3] = v15_bits2(Gat(X, j1, ch17(h, s, 2 * q + 8, HC)), Gat(X, j1, ch17(h, s, 2 * q + 9, HC)));
+                        }
+                    }
+                }
+                auto getga = [&](int X, int s, uint32_t (&a)[32][4]) {
+                    for (int l = 0; l < 32; l++) { for (int i = 0; i < 4; i++) { a[l][i] = ga[(X * SK + s) * 32 + l][i]; } }
+                };
+                // P per position, E once (qg hi and lo from the image by ldmatrix)
+                float dP[2][32][4] = {}, dE[32][4] = {};
+                for (int s = 0; s < SK; s++) {
+                    getbv(s);
+                    for (int X = 0; X < NP; X++) {
+                        uint32_t a[32][4];
+                        getga(X, s, a);
+                        once &= v15_emu_mma(dP[X], a, bv);
+                    }
+                    for (int hl = 0; hl < (mutate == 2 ? 1 : 2); hl++) {
+                        int addr[32];
+                        uint32_t a[32][4];
+                        for (int l = 0; l < 32; l++) { addr[l] = v17_addr_e(hl, kt, h * SK + s, l, C); }
+                        emu_ldmatrix4(a, qs.data(), addr, false);
+                        once &= v15_emu_mma(dE, a, bv);
+                    }
+                }
+                // per (reader, head, position): the weight and ds, in every lane that holds them
+                float wa[32][2], wd[32][2];
+                for (int l = 0; l < 32; l++) {
+                    const int g = l >> 2, X = v17_dpos(l, NP);
+                    for (int hf = 0; hf < 2; hf++) {
+                        const int jj = 16 * kt + g + 8 * hf;
+                        const float p = dP[X][l][2 * hf], e = dE[l][2 * hf];
+                        wa[l][hf] = wd[l][hf] = 0.0f;
+                        if (jj < nr && live[X]) {
+                            const size_t row = ((size_t)readers[jj] * N + pos[X]) * H + h;
+                            const float a = exp2f(fmaf(r[pos[X]] * L2E, e, -lse[row] * L2E)), ds = a * (p - S[row]);
+                            wa[l][hf] = a; wd[l][hf] = ds;
+                            if (v17_lead(l, NP)) {
+                                uv[l] += ds * e;
+                                const size_t o = ((size_t)pos[X] * H + h) * nrp + jj;
+                                dsr[o] = ds * r[pos[X]];
+                                ndsr[o]++;
+                            }
+                        }
+                    }
+                }
+                // the weights' B fragments: each lane's (w, w) as row g (+8) of an 8x8 matrix, transposed
+                uint32_t Wb[4][32][2];   // a hi, a lo, ds hi, ds lo
+                for (int hf = 0; hf < 2; hf++) {
+                    uint32_t x[4][32], y[32];
+                    for (int l = 0; l < 32; l++) {
+                        float ah, al, dh, dl;
+                        bf16_split(wa[l][hf], ah, al);
+                        bf16_split(wd[l][hf], dh, dl);
+                        x[0][l] = v15_bits2(ah, ah); x[1][l] = v15_bits2(al, al);
+                        x[2][l] = v15_bits2(dh, dh); x[3][l] = v15_bits2(dl, dl);
+                    }
+                    for (int o = 0; o < 4; o++) {
+                        emu_movtrans(y, x[o]);
+                        for (int l = 0; l < 32; l++) { Wb[o][l][hf] = y[l]; }
+                    }
+                }
+                // Y per position (G^T from the P fragments: a0' = T(a0), a1' = T(a2), a2' = T(a1), a3' = T(a3)),
+                // U once (qg^T hi and lo by ldmatrix.trans; hi hi, hi lo, lo hi); the kept rows into dvc
+                for (int s = 0; s < SK; s++) {
+                    float dY[2][32][4] = {}, dU[32][4] = {};
+                    for (int X = 0; X < NP; X++) {
+                        uint32_t a[32][4], at[32][4];
+                        getga(X, s, a);
+                        const int src[4] = {0, mutate == 1 ? 1 : 2, mutate == 1 ? 2 : 1, 3};
+                        for (int i = 0; i < 4; i++) {
+                            uint32_t x[32], y[32];
+                            for (int l = 0; l < 32; l++) { x[l] = a[l][src[i]]; }
+                            emu_movtrans(y, x);
+                            for (int l = 0; l < 32; l++) { at[l][i] = y[l]; }
+                        }
+                        once &= v15_emu_mma(dY[X], at, Wb[0]);
+                        once &= v15_emu_mma(dY[X], at, Wb[1]);
+                    }
+                    uint32_t qh[32][4], ql[32][4];
+                    int addr[32];
+                    for (int l = 0; l < 32; l++) { addr[l] = v17_addr_u(0, kt, h * SK + s, l, C); }
+                    emu_ldmatrix4(qh, qs.data(), addr, true);
+                    for (int l = 0; l < 32; l++) { addr[l] = v17_addr_u(1, kt, h * SK + s, l, C); }
+                    emu_ldmatrix4(ql, qs.data(), addr, true);
+                    once &= v15_emu_mma(dU, qh, Wb[2]);
+                    once &= v15_emu_mma(dU, qh, Wb[3]);
+                    once &= v15_emu_mma(dU, ql, Wb[2]);
+                    for (int l = 0; l < 32; l++) {
+                        const int g = l >> 2, X = v17_dpos(l, NP);
+                        int i = 0;   // the lane's kept values of head h, in m-tile order
+                        for (int s2 = 0; s2 < s; s2++) { i += v17_keeps(l, s2, 0, NP) + v17_keeps(l, s2, 1, NP); }
+                        for (int hf = 0; hf < 2; hf++) {
+                            if (!v17_keeps(l, s, hf, NP)) { continue; }
+                            const size_t d = ((size_t)l * H + h) * KPH + i++;
+                            dvc[d] += dY[X][l][2 * hf] + r[live[X] ? pos[X] : 0] * dU[l][2 * hf];
+                            const int c = ch17(h, s, g + 8 * hf, HC);
+                            once &= dvch[d] == -1 || dvch[d] == c;
+                            dvch[d] = c;
+                        }
+                    }
+                }
+            }
+        }
+        // finish: u.v of each position summed over its lead lanes, dv -= (r^3 / C) (u.v) v, the chain, the store
+        for (int X = 0; X < NP; X++) {
+            if (!live[X]) { continue; }
+            float uvs = 0.0f;
+            for (int l = 0; l < 32; l++) { if (v17_dpos(l, NP) == X && v17_lead(l, NP)) { uvs += uv[l]; } }
+            const float rt = r[pos[X]], k3 = rt * rt * rt / C * uvs;
+            for (int l = 0; l < 32; l++) {
+                if (v17_dpos(l, NP) != X) { continue; }
+                for (int d = 0; d < H * KPH; d++) {
+                    const int c = dvch[(size_t)l * H * KPH + d];
+                    if (c < 0) { once = false; continue; }
+                    const size_t o = (size_t)pos[X] * C + c;
+                    dslot[o] = dvc[(size_t)l * H * KPH + d] - k3 * v[o] + (chain ? old[o] : 0.0f);
+                    nslot[o]++;
+                }
+            }
+        }
+    }
+    for (int x : nslot) { once &= x == 1; }
+    for (int t = 0; t < N; t++) {
+        for (int h = 0; h < H; h++) {
+            for (int jj = 0; jj < nrp; jj++) { once &= ndsr[((size_t)t * H + h) * nrp + jj] == (jj < nr ? 1 : 0); }
+        }
+    }
+    // against the gather's sums in float64
+    double num = 0, den = 0, dnum = 0, dden = 0;
+    for (int t = 0; t < N; t++) {
+        const float *vt = v.data() + (size_t)t * C;
+        std::vector<double> ref(C, 0.0);
+        double refuv = 0;
+        for (int jj = 0; jj < nr; jj++) {
+            const int j = readers[jj];
+            const float *Gr = G.data() + ((size_t)j * N + t) * C;
+            for (int h = 0; h < H; h++) {
+                double e = 0, p = 0;
+                for (int c = h * HC; c < (h + 1) * HC; c++) { e += (double)qg[(size_t)j * C + c] * vt[c]; p += (double)Gr[c] * vt[c]; }
+                const size_t row = ((size_t)j * N + t) * H + h;
+                const double a = exp(r[t] * e - lse[row]), ds = a * (p - S[row]);
+                for (int c = h * HC; c < (h + 1) * HC; c++) { ref[c] += r[t] * ds * qg[(size_t)j * C + c] + a * Gr[c]; }
+                refuv += ds * e;
+                const double got = dsr[((size_t)t * H + h) * nrp + jj];
+                dnum = std::max(dnum, fabs(got - ds * r[t])); dden = std::max(dden, fabs(ds * r[t]));
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const double x = ref[c] - (double)r[t] * r[t] * r[t] / C * refuv * vt[c] + (chain ? old[(size_t)t * C + c] : 0.0);
+            const double got = dslot[(size_t)t * C + c];
+            num = std::max(num, std::isfinite(got) ? fabs(got - x) : INFINITY); den = std::max(den, fabs(x));
+        }
+    }
+    const double err = num / den, derr = dnum / dden;
+    const bool ok = once && err < 1e-4 && derr < 1e-4;
+    printf("  v17 gather, lane emulation C=%-4d H=%-2d nr=%-2d N=%-2d NP=%d%s: dslot rel %.1e, ds r rel %.1e%s  %s\n", C, H, nr,
+           N, NP, chain ? " chain" : "      ", err, derr, once ? "" : " (an element taken or written twice or never)",
+           ok ? "ok" : "FAIL");
+    return ok;
+}
+static bool selftest_v17(uint64_t seed) {
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
+    bool ok = true;
+    ok &= selftest_v17_shape(512, 8, 25, 7, 2, 0, &rng);    // the 100M slot 0 of full mode: two reader tiles; N odd
+    ok &= selftest_v17_shape(512, 8, 16, 6, 1, 1, &rng);    // one full tile, one position a warp, the chain
+    ok &= selftest_v17_shape(512, 8, 9, 5, 2, 1, &rng);
+    ok &= selftest_v17_shape(512, 8, 1, 4, 2, 0, &rng);     // one reader
+    ok &= selftest_v17_shape(512, 16, 32, 4, 2, 0, &rng);   // heads of 32 channels (SK 2); nr 32
+    ok &= selftest_v17_shape(512, 4, 13, 3, 1, 0, &rng);    // heads of 128 (SK 8)
+    ok &= selftest_v17_shape(1024, 8, 20, 4, 2, 0, &rng);   // heads of 128, two tiles
+    ok &= selftest_v17_shape(256, 2, 5, 3, 2, 1, &rng);
+    // the check can fail: two registers of the transposed G swapped, and E without qg's lo part
+    uint64_t rm = rng;
+    const bool m1 = selftest_v17_shape(512, 8, 12, 2, 2, 0, &rm, 1), m2 = selftest_v17_shape(512, 8, 12, 2, 2, 0, &rm, 2);
+    printf("  v17 mutations (expected FAIL above): %s\n", !m1 && !m2 ? "both caught" : "NOT CAUGHT");
+    return ok && !m1 && !m2;
+}
+
+// ----------------------------------------------------------------------------
 // Host side: buffers, the whole-model passes per version
 
 struct Dev {
@@ -4256,6 +4823,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*fwd13)(const Prob &, const Dev &, int j);
     void (*fwd14)(const Prob &, const Dev &, int j);
     void (*gather15)(const Prob &, const Dev &, int k);
+    bool (*gather17)(const Prob &, const Dev &, int k);
 };
 
 template <int C, int H> struct Impl {
@@ -4314,7 +4882,7 @@ template <int C, int H> struct Impl {
                     d.dslots + k * N * C, d.dslotX, d.dsr, d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
                     d.rd + k * P.J, P.nr[k], d.qg, P.N);
             }
-        } else if (ver >= 12 && ver != 15) {   // v11's gather, leaner (route_gather_v12_kernel); v13's, v14's, v16's too
+        } else if (ver >= 12 && ver != 15) {   // v11's gather, leaner (route_gather_v12_kernel); v13's, v14's, v16's too (v17's fallback)
             constexpr size_t smem = ring_smem12<C>();
             static bool limit_set = false;
             if (!v12_fits(P, k)) {
@@ -4418,7 +4986,39 @@ template <int C, int H> struct Impl {
                                                                  d.qf15 + (size_t)k * 16 * C, P.N, (unsigned)(N * C));
         LAUNCH_CHECK();
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14, gather15}; }
+    // v17: the gather with every product on tensor cores, on the slots it takes (v17_fits; false: not run).
+    // A persistent grid: the blocks the device holds at once, at most one a group of positions per warp.
+    static bool gather17(const Prob &P, const Dev &d, int k) {
+        if constexpr (C == 512 && (C / H == 32 || C / H == 64)) {
+            if (!v17_fits<C, H>(P, k)) { return false; }
+            using T = V17<C, H>;
+            static bool limit_set = false;
+            static int nblk[3] = {0, 0, 0};
+            auto launch = [&](auto kern, int NP) {
+                ring_smem_limit(kern, T::SMEM, limit_set);
+                if (nblk[NP] == 0) {
+                    int per_sm = 0, dev = 0, sms = 0;
+                    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, T::WARPS * 32, T::SMEM));
+                    CK(cudaGetDevice(&dev));
+                    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+                    nblk[NP] = std::max(1, per_sm * sms);
+                }
+                const int groups = (P.N + NP - 1) / NP;
+                const int grid = std::min(nblk[NP], (int)cdiv(groups, T::WARPS));
+                kern<<<grid, T::WARPS * 32, T::SMEM>>>(d.dslots + (size_t)k * P.N * C, d.dslotX, d.dsr,
+                                                       d.slots + (size_t)k * P.N * C, d.r + (size_t)k * P.N, d.Gb, d.Sb,
+                                                       d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
+                LAUNCH_CHECK();
+            };
+            if (v17_np == 2) { launch(route_gather_v17_kernel<C, H, 2>, 2); }
+            else { launch(route_gather_v17_kernel<C, H, 1>, 1); }
+            return true;
+        } else {
+            (void)P; (void)d; (void)k;
+            return false;
+        }
+    }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14, gather15, gather17}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -4536,7 +5136,7 @@ template <int CPT> static void param_v11(const Prob &P, const Dev &d, int k, uns
 static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const float *dsr) {
     const size_t N = P.N, C = P.C, H = P.H;
     const unsigned np = cdiv(N, PART_ROWS45);
-    if (ver == 16) {   // on tensor cores, partitions of v16_rows
+    if (ver >= 16) {   // on tensor cores, partitions of v16_rows (v17: v16's pass)
         if (!v16_fits(P.C, P.H, P.nr[k])) {
             fprintf(stderr, "error: v16's q/gamma pass needs C %% 64 == 0, C/H %% 8 == 0, 1 <= nr <= 32 (slot %d: %d)\n", k, P.nr[k]);
             exit(1);
@@ -4617,12 +5217,15 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
                 if (P.v7_hi[k] >= 0) { dsr = d.dsr7; }   // a lo slot: its readers' ds r are in the second buffer
             } else if (ver == 15) {
                 ks.gather15(P, d, k);
+            } else if (ver == 17) {   // v17 where it fits, else v12's gather
+                if (ks.gather17(P, d, k)) { v17_ran++; }
+                else { v17_fell++; ks.gather45(P, d, k, ver); }
             } else {
                 ks.gather45(P, d, k, ver);
             }
             run_param_pass(ver, P, d, k, dsr);
             route_reduce45_kernel<<<dim3(cdiv(C, 32), P.nr[k]), dim3(32, 32)>>>(d.qvacc, d.gpart45, d.rd + k * P.J,
-                                                                                 P.nr[k], ver == 16 ? cdiv(N, v16_rows) : np,
+                                                                                 P.nr[k], ver >= 16 ? cdiv(N, v16_rows) : np,
                                                                                  k, P.J, P.C);
             LAUNCH_CHECK();
         } else {
@@ -4706,8 +5309,10 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     }
     run_forward(ver, P, d, ks, true);
     CK(cudaDeviceSynchronize());
+    v17_ran = v17_fell = 0;
     run_backward(ver, P, d, ks);
     CK(cudaDeviceSynchronize());
+    if (ver == 17) { printf("v17 (NP %d) took %d of %d slots (the others: v12's gather)\n", v17_np, v17_ran, v17_ran + v17_fell); }
     std::vector<double> got[NUM_OUT] = {fetch(d.h, J * NN * C), fetch(d.u, J * NN * C), fetch(d.rstd, J * NN),
                                         fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
                                         fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
@@ -4876,7 +5481,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 16; ver++) {
+    for (int ver = 1; ver <= 17; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -4943,10 +5548,14 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    if (getenv("V17_NP") != NULL) {   // v17's positions a warp
+        v17_np = atoi(getenv("V17_NP"));
+        if (v17_np != 1 && v17_np != 2) { fprintf(stderr, "error: V17_NP=%s: give 1 or 2 (default 2)\n", getenv("V17_NP")); return 1; }
+    }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 16 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..16) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 17 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..17) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -4955,7 +5564,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 16 : std::max(ver, std::min(vmax, 16));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 17 : std::max(ver, std::min(vmax, 17));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

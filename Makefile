@@ -83,14 +83,14 @@ CUDA_LDLIBS = -lcublas -lcudart
 GPU_BINS = train_mhar_cu train_mhar_cu_fp32
 GPU_OBJS = train_mhar_gpu_fp32.o train_mhar_gpu_bf16.o
 
-.PHONY: clean-cuda
+.PHONY: clean-cuda lab-selftest
 ifeq ($(HAVE_NVCC),yes)
 GPU_TEST_OBJS = $(GPU_OBJS)
 GPU_TEST_CFLAGS = -DMHAR_GPU
 GPU_TEST_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(CUDA_LDLIBS) -lstdc++
 all: $(GPU_BINS)
 test_mhar: $(GPU_TEST_OBJS)
-test: $(GPU_BINS)
+test: $(GPU_BINS) lab-selftest
 endif
 
 train_mhar_cu: train_mhar.cu $(HEADERS)
@@ -112,6 +112,16 @@ dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 .PHONY: lab
 lab: $(LAB_BINS)
+
+# the labs' CPU self-tests (part of make test where nvcc is found; no GPU needed): float64
+# references against central differences, and the lane-by-lane emulations of the tensor-core
+# kernels (route: v14 .. v17; fixed seed). One line each; the whole output on a failure.
+lab-selftest: $(LAB_BINS)
+	@for b in $(LAB_BINS); do \
+	    out=$$(./$$b --cpu-selftest --seed 1 2>&1); rc=$$?; \
+	    if [ $$rc -ne 0 ]; then echo "$$out"; echo "FAIL $$b --cpu-selftest (exit $$rc)"; exit 1; fi; \
+	    echo "PASS $$b --cpu-selftest: $$(echo "$$out" | tail -1)"; \
+	done
 
 clean: clean-cuda
 clean-cuda:

@@ -4290,6 +4290,12 @@ __host__ __device__ inline bool v17_keeps(int lane, int s, int row_hi, int NP) {
 // columns (column 16 (h SK + s) + kappa holds channel ch17(h, s, kappa)), rows padded by 8
 // elements (a row is C + 8 bf16, 16 bytes off the next row's bank: ldmatrix conflict-free)
 __host__ __device__ inline int v17_qs(int hl, int j, int col, int C) { return (hl * 32 + j) * (C + 8) + col; }
+__host__ __device__ inline int v17_img_elems(int C) { return 2 * 32 * (C + 8); }
+// the image's element (row j, column col) before the split: qg of reader j at the column's channel (0 past nr)
+__host__ __device__ inline float v17_img_src(int j, int col, int nr, const int *readers, const float *qg, int C, int HC) {
+    const int ks = col >> 4, SK = HC / 16;
+    return j < nr ? qg[(size_t)readers[j] * C + ch17(ks / SK, ks % SK, col & 15, HC)] : 0.0f;
+}
 // ldmatrix row addresses (elements into the qg image) of lane l for the A fragment of
 // E (rows readers 16 kt.., columns the k-slots of k-step ks) and of U (transposed: rows
 // the k-slots, columns readers; ldmatrix.trans of the same rows). Matrix i = l / 8 is A
@@ -4327,8 +4333,9 @@ static void emu_ldmatrix4(uint32_t (&out)[32][4], const uint16_t *sm, const int 
 // selftest_v17 above, which follows it step by step; not yet run). Shapes: C = 512 with
 // heads of 32 or 64 channels (H = 16 or 8), at most 32 readers: two reader tiles at most,
 // and each lane holds per head at most 2 SK fragment rows of G. A persistent grid: each
-// block first writes the slot's qg image (both parts, the reader tiles in use) into shared
-// memory, then its warps take groups of NP positions in turn.
+// block first copies the slot's qg image (both parts, the reader tiles in use; built once
+// per backward by route_qimg17_kernel) into shared memory, then its warps take groups of
+// NP positions in turn.
 template <int C, int H> struct V17 {
     static constexpr int HC = C / H, SK = HC / 16, WARPS = 4, MINB = 3;
     static constexpr size_t SMEM = (size_t)2 * 32 * (C + 8) * sizeof(bf16);
@@ -4362,11 +4369,26 @@ template <int SK> __device__ __forceinline__ void ld17(uint32_t (&w)[2 * SK], co
     }
 }
 
+// Every slot's qg image, once per backward (qg does not change during it): img (J, v17_img_elems(C)),
+// slot k's part hl, row j, column col = bf16 hi / lo of v17_img_src (rows 0 .. 31; the rows' 8
+// padding columns are never read). Grid (32 C / 256, J).
+__global__ void route_qimg17_kernel(uint16_t *img, const float *__restrict__ qg, const int *__restrict__ rd,
+                                    const int *__restrict__ nrd, int J, int C, int H) {
+    const int k = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 32 * C) { return; }
+    const int j = i / C, col = i % C;
+    const float x = v17_img_src(j, col, nrd[k], rd + (size_t)k * J, qg, C, C / H);
+    const __nv_bfloat16 hi = __float2bfloat16_rn(x), lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+    uint16_t *im = img + (size_t)k * v17_img_elems(C);
+    im[v17_qs(0, j, col, C)] = *reinterpret_cast<const uint16_t *>(&hi);
+    im[v17_qs(1, j, col, C)] = *reinterpret_cast<const uint16_t *>(&lo);
+}
+
 template <int C, int H, int NP>
 __global__ void __launch_bounds__(V17<C, H>::WARPS * 32, V17<C, H>::MINB)
 route_gather_v17_kernel(float *dslot, bf16 *dslotX, float *dsr, const bf16 *__restrict__ v, const float *__restrict__ rk,
                         const bf16 *__restrict__ Gall, const float *__restrict__ Sall, const float *__restrict__ lseall,
-                        const int *__restrict__ readers, int nr, const float *__restrict__ qg, int N) {
+                        const int *__restrict__ readers, int nr, const uint16_t *__restrict__ qimg, int N) {
     using T = V17<C, H>;
     constexpr int HC = T::HC, SK = T::SK, KPH = NP == 2 ? SK : SK / 2;
     static_assert(HC == 32 || HC == 64, "v17: heads of 32 or 64 channels");
@@ -4374,13 +4396,16 @@ route_gather_v17_kernel(float *dslot, bf16 *dslotX, float *dsr, const bf16 *__re
     constexpr uint32_t HLB = 2u * 32 * (C + 8), KTB = 2u * 16 * (C + 8);   // bytes from part 0 to 1, tile 0 to 1
     uint16_t *qs = reinterpret_cast<uint16_t *>(ring_smem_raw);
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, NT = (nr + 15) >> 4, nrp = (nr + 3) & ~3;
-    // the slot's qg image (v17_qs): rows 16 NT, zeros past nr; hi = bf16(x), lo = bf16(x - hi)
-    for (int i = threadIdx.x; i < 16 * NT * C; i += blockDim.x) {
-        const int j = i / C, col = i % C, ks = col >> 4, kap = col & 15;
-        const float x = j < nr ? __ldg(qg + (size_t)__ldg(readers + j) * C + ch17(ks / SK, ks % SK, kap, HC)) : 0.0f;
-        const __nv_bfloat16 hi = __float2bfloat16_rn(x), lo = __float2bfloat16_rn(x - __bfloat162float(hi));
-        qs[v17_qs(0, j, col, C)] = *reinterpret_cast<const uint16_t *>(&hi);
-        qs[v17_qs(1, j, col, C)] = *reinterpret_cast<const uint16_t *>(&lo);
+    // the slot's qg image (route_qimg17_kernel, once per backward): rows 0 .. 16 NT - 1 of both parts
+    {
+        constexpr int ROW16 = (C + 8) * 2 / 16;   // 16-byte pieces a row
+        const int n = 16 * NT * ROW16;           // a part's rows in use
+        const uint4 *src = reinterpret_cast<const uint4 *>(qimg);
+        uint4 *dst = reinterpret_cast<uint4 *>(qs);
+        for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+            const int o = i < n ? i : i - n + 32 * ROW16;
+            dst[o] = __ldg(src + o);
+        }
     }
     __syncthreads();
     // per lane, for the whole slot: the sites of its fragment rows (reader 16 kt + g + 8 hf; -1 past nr),
@@ -4563,13 +4588,13 @@ static bool selftest_v17_shape(int C, int H, int nr, int N, int NP, int chain, u
     }
     for (auto &x : S) { x = (float)(0.2 * uni()); }
     for (auto &x : lse) { x = (float)(1.0 + uni()); }
-    // the block's qg image (the kernel's prologue writes it, per slot)
+    // the slot's qg image (route_qimg17_kernel writes it once per backward; the kernel's prologue copies it)
     std::vector<uint16_t> qs((size_t)2 * 32 * (C + 8), 0);
     for (int j = 0; j < 32; j++) {
         for (int h = 0; h < H; h++) {
             for (int s = 0; s < SK; s++) {
                 for (int kap = 0; kap < 16; kap++) {
-                    const float x = j < nr ? qg[(size_t)readers[j] * C + ch17(h, s, kap, HC)] : 0.0f;
+                    const float x = v17_img_src(j, 16 * (h * SK + s) + kap, nr, readers.data(), qg.data(), C, HC);
                     float hi, lo;
                     bf16_split(x, hi, lo);
                     qs[v17_qs(0, j, 16 * (h * SK + s) + kap, C)] = f2bf_bits(hi);
@@ -4811,6 +4836,7 @@ struct Dev {
     float *p13h, *p13l; float *p13own;                    // v13: partials (kmax-1, N, C), (kmax-1, N, H), in Gb
                                                           // when they fit (as the trainer's in route_G), else p13own
     uint4 *qf15; int *nrd;                                // v15: every slot's A fragments (J, 16 C); readers per slot (J)
+    uint16_t *qimg17;                                     // v17: every slot's qg image (J, v17_img_elems(C))
 };
 
 struct KernelSet {   // the templated kernels of one (C, H)
@@ -5007,7 +5033,8 @@ template <int C, int H> struct Impl {
                 const int grid = std::min(nblk[NP], (int)cdiv(groups, T::WARPS));
                 kern<<<grid, T::WARPS * 32, T::SMEM>>>(d.dslots + (size_t)k * P.N * C, d.dslotX, d.dsr,
                                                        d.slots + (size_t)k * P.N * C, d.r + (size_t)k * P.N, d.Gb, d.Sb,
-                                                       d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N);
+                                                       d.lse, d.rd + k * P.J, P.nr[k],
+                                                       d.qimg17 + (size_t)k * v17_img_elems(C), P.N);
                 LAUNCH_CHECK();
             };
             if (v17_np == 2) { launch(route_gather_v17_kernel<C, H, 2>, 2); }
@@ -5066,6 +5093,7 @@ static Dev dev_alloc(const Prob &P) {
     d.p13h = d.p13own != nullptr ? d.p13own : reinterpret_cast<float *>(d.Gb);
     d.p13l = d.p13h + (size_t)(v13_kmax(P.C) - 1) * N * C;
     d.qf15 = dalloc<uint4>(J * 16 * C); d.nrd = dalloc<int>(J);
+    d.qimg17 = dalloc<uint16_t>(J * v17_img_elems((int)C));
     CK(cudaMemcpy(d.nrd, P.nr.data(), J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.ul7, P.v7_ul.data(), J * J * 3 * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
@@ -5076,7 +5104,7 @@ static Dev dev_alloc(const Prob &P) {
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
                   d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
-                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own, d.qf15, d.nrd};
+                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own, d.qf15, d.nrd, d.qimg17};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -5180,6 +5208,10 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
     }
     if (ver == 15) {   // every slot's A fragments, once per backward
         route_qfrag15_kernel<<<dim3(cdiv(16 * C, 256), J), 256>>>(d.qf15, d.qg, d.rd, d.nrd, P.J, P.C);
+        LAUNCH_CHECK();
+    }
+    if (ver == 17 && P.C == 512 && (P.C / P.H == 32 || P.C / P.H == 64)) {   // every slot's qg image, once per backward
+        route_qimg17_kernel<<<dim3(cdiv(32 * C, 256), J), 256>>>(d.qimg17, d.qg, d.rd, d.nrd, P.J, P.C, P.H);
         LAUNCH_CHECK();
     }
     for (int j = P.J - 1; j >= 0; j--) {

@@ -144,8 +144,8 @@ Versions (NOTES_route.md has the byte counts and predictions):
       mma.sync (one of eight columns used), e = qg v and U = sum_j ds_j qg_j with
       qg from a per-block image in shared memory (ldmatrix), the G fragments
       transposed in registers (movmatrix), no shuffles for the head sums. C = 512,
-      heads of 32 or 64 channels, nr <= 32 (other slots: v12's gather). A
-      persistent grid. --cpu-selftest emulates it lane by lane.
+      heads of 32 or 64 channels, V17_MIN_NR (4) <= nr <= 32 (other slots: v12's
+      gather). A persistent grid. --cpu-selftest emulates it lane by lane.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -4340,8 +4340,12 @@ template <int C, int H> struct V17 {
     static constexpr int HC = C / H, SK = HC / 16, WARPS = 4, MINB = 3;
     static constexpr size_t SMEM = (size_t)2 * 32 * (C + 8) * sizeof(bf16);
 };
+// v17 takes a slot from v17_min_nr readers up (env V17_MIN_NR, default 4): a tile costs about the
+// same whatever its rows hold, ~800 instructions a position, against v12's ~237 a reader, so below
+// about 4 readers v12's loop is cheaper (100M block S=4: 20 of its 25 slots have 1 reader)
+static int v17_min_nr = 4;
 template <int C, int H> static bool v17_fits(const Prob &P, int k) {
-    return C == 512 && (C / H == 32 || C / H == 64) && P.nr[k] >= 1 && P.nr[k] <= 32;
+    return C == 512 && (C / H == 32 || C / H == 64) && P.nr[k] >= v17_min_nr && P.nr[k] <= 32;
 }
 __device__ __forceinline__ uint32_t movtrans(uint32_t x) {   // movmatrix .trans (emu_movtrans)
     uint32_t y;
@@ -5579,6 +5583,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "error: V16_ROWS=%s: give a multiple of %d, at least 128 (default 256)\n", getenv("V16_ROWS"), V16_TP);
             return 1;
         }
+    }
+    if (getenv("V17_MIN_NR") != NULL) {   // the fewest readers a slot v17 takes
+        v17_min_nr = atoi(getenv("V17_MIN_NR"));
+        if (v17_min_nr < 1 || v17_min_nr > 32) { fprintf(stderr, "error: V17_MIN_NR=%s: give 1 to 32 (default 4)\n", getenv("V17_MIN_NR")); return 1; }
     }
     if (getenv("V17_NP") != NULL) {   // v17's positions a warp
         v17_np = atoi(getenv("V17_NP"));

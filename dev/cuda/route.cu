@@ -3803,27 +3803,67 @@ static bool v15_emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uin
 }
 static uint32_t v15_bits2(float x0, float x1) { return (uint32_t)f2bf_bits(x0) | ((uint32_t)f2bf_bits(x1) << 16); }
 
+// One slot's gather for the lane emulations (v15, v17): nr readers, increasing, among J sites;
+// v (N, C) and G (J, N, C) bf16 values, qg (J, C), S and lse (J, N, H), r of v's rows
+struct GatherCase {
+    int C, H, nr, N, J;
+    std::vector<int> readers;
+    std::vector<float> v, r, G, S, lse, qg;
+};
+static double lcg_uni(uint64_t *rng) {   // uniform in [-1, 1)
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
+}
+static GatherCase gather_case(int C, int H, int nr, int N, int J, uint64_t *rng) {
+    GatherCase g{C, H, nr, N, J, std::vector<int>(nr), {}, {}, {}, {}, {}, {}};
+    for (int i = 0, j = 0; i < nr; j++) { if (J - j <= nr - i || lcg_uni(rng) > 0) { g.readers[i++] = j; } }
+    g.v.resize((size_t)N * C); g.r.resize(N); g.G.resize((size_t)J * N * C);
+    g.S.resize((size_t)J * N * H); g.lse.resize((size_t)J * N * H); g.qg.resize((size_t)J * C);
+    for (auto &x : g.v) { x = (float)bfr(lcg_uni(rng)); }
+    for (auto &x : g.G) { x = (float)bfr(0.3 * lcg_uni(rng)); }
+    for (auto &x : g.qg) { x = (float)(0.4 * lcg_uni(rng)); }
+    for (int t = 0; t < N; t++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += (double)g.v[(size_t)t * C + c] * g.v[(size_t)t * C + c]; }
+        g.r[t] = (float)(1.0 / sqrt(ss / C + 1e-6));
+    }
+    for (auto &x : g.S) { x = (float)(0.2 * lcg_uni(rng)); }
+    for (auto &x : g.lse) { x = (float)(1.0 + lcg_uni(rng)); }
+    return g;
+}
+// The gather's sums at position t in float64: dv (C) = sum_j [r ds_j qg_j + a_j G_j] - (r^3 / C) (sum_j u_j . v) v,
+// and dsr (nr H, reader-major) = ds_j r per (reader, head)
+static void gather_ref64(const GatherCase &g, int t, std::vector<double> &dv, std::vector<double> &dsr) {
+    const int C = g.C, H = g.H, HC = C / H, N = g.N;
+    const float *vt = g.v.data() + (size_t)t * C;
+    const double r = g.r[t];
+    dv.assign(C, 0.0);
+    dsr.assign((size_t)g.nr * H, 0.0);
+    double uv = 0;
+    for (int jj = 0; jj < g.nr; jj++) {
+        const int j = g.readers[jj];
+        const float *Gr = g.G.data() + ((size_t)j * N + t) * C, *qj = g.qg.data() + (size_t)j * C;
+        for (int h = 0; h < H; h++) {
+            double e = 0, p = 0;
+            for (int c = h * HC; c < (h + 1) * HC; c++) { e += (double)qj[c] * vt[c]; p += (double)Gr[c] * vt[c]; }
+            const size_t row = ((size_t)j * N + t) * H + h;
+            const double a = exp(r * e - g.lse[row]), ds = a * (p - g.S[row]);
+            for (int c = h * HC; c < (h + 1) * HC; c++) { dv[c] += r * ds * qj[c] + a * Gr[c]; }
+            uv += ds * e;
+            dsr[(size_t)jj * H + h] = ds * r;
+        }
+    }
+    for (int c = 0; c < C; c++) { dv[c] -= r * r * r / C * uv * vt[c]; }
+}
+
 template <int C, int H> static bool selftest_v15_shape(int nr, int N, uint64_t *rng) {
     using T = V15<C, H>;
     constexpr int NCH = T::NCH, HC = T::HC, CG = T::CG, KS = T::KS, HPG = T::HPG, WPH = T::WPH;
     constexpr int NRMAX = T::NRMAX, DSTR = T::DSTR, DPOS = T::DPOS, UST = T::UST;
     (void)NCH;
-    const int J = nr + 3;   // sites 0 .. J-1; the readers: nr of them, increasing
-    auto uni = [&]() { *rng = *rng * 6364136223846793005ull + 1442695040888963407ull; return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; };
-    auto bfv = [&](double x) { return (float)bfr(x); };
-    std::vector<int> readers(nr);
-    for (int i = 0, j = 0; i < nr; j++) { if (J - j <= nr - i || uni() > 0) { readers[i++] = j; } }
-    std::vector<float> v((size_t)N * C), r(N), G((size_t)J * N * C), S((size_t)J * N * H), lse((size_t)J * N * H), qg((size_t)J * C);
-    for (auto &x : v) { x = bfv(uni()); }
-    for (auto &x : G) { x = bfv(0.3 * uni()); }
-    for (auto &x : qg) { x = (float)(0.4 * uni()); }
-    for (int t = 0; t < N; t++) {
-        double ss = 0;
-        for (int c = 0; c < C; c++) { ss += (double)v[(size_t)t * C + c] * v[(size_t)t * C + c]; }
-        r[t] = (float)(1.0 / sqrt(ss / C + 1e-6));
-    }
-    for (auto &x : S) { x = (float)(0.2 * uni()); }
-    for (auto &x : lse) { x = (float)(1.0 + uni()); }
+    const GatherCase gc = gather_case(C, H, nr, N, nr + 3, rng);
+    const std::vector<int> &readers = gc.readers;
+    const std::vector<float> &v = gc.v, &r = gc.r, &G = gc.G, &S = gc.S, &lse = gc.lse, &qg = gc.qg;
     // the slot's fragments, as route_qfrag15_kernel builds them
     std::vector<uint32_t> qf((size_t)16 * C * 4);
     for (int i = 0; i < 16 * C; i++) {
@@ -3944,24 +3984,16 @@ template <int C, int H> static bool selftest_v15_shape(int nr, int N, uint64_t *
             double uv = 0;
             for (int c = 0; c < C; c++) { uv += (double)us[w * UST + c] * vt[c]; }
             const double k3 = (double)r[t] * r[t] * r[t] / C * uv;
-            std::vector<double> ref(C, 0.0);
-            double refuv = 0;
+            std::vector<double> ref, refdsr;
+            gather_ref64(gc, t, ref, refdsr);
             for (int jj = 0; jj < nr; jj++) {
-                const int j = readers[jj];
-                const float *Gr = G.data() + ((size_t)j * N + t) * C;
                 for (int h = 0; h < H; h++) {
-                    double e = 0, p = 0;
-                    for (int c = h * HC; c < (h + 1) * HC; c++) { e += (double)qg[(size_t)j * C + c] * vt[c]; p += (double)Gr[c] * vt[c]; }
-                    const size_t row = ((size_t)j * N + t) * H + h;
-                    const double a = exp(r[t] * e - lse[row]), ds = a * (p - S[row]);
-                    for (int c = h * HC; c < (h + 1) * HC; c++) { ref[c] += r[t] * ds * qg[(size_t)j * C + c] + a * Gr[c]; }
-                    refuv += ds * e;
-                    const double got = dss[w * DPOS + h * DSTR + jj] * r[t];
-                    dnum = std::max(dnum, fabs(got - ds * r[t])); dden = std::max(dden, fabs(ds * r[t]));
+                    const double got = dss[w * DPOS + h * DSTR + jj] * r[t], x = refdsr[(size_t)jj * H + h];
+                    dnum = std::max(dnum, fabs(got - x)); dden = std::max(dden, fabs(x));
                 }
             }
             for (int c = 0; c < C; c++) {
-                const double x = ref[c] - (double)r[t] * r[t] * r[t] / C * refuv * vt[c];
+                const double x = ref[c];
                 const double got = dvG[(size_t)w * C + c] + (double)r[t] * us[w * UST + c] - k3 * vt[c];
                 num = std::max(num, fabs(got - x)); den = std::max(den, fabs(x));
             }
@@ -4573,25 +4605,13 @@ route_gather_v17_kernel(float *dslot, bf16 *dslotX, float *dsr, const bf16 *__re
 // (position, head, reader) of dsr is written by exactly one lane. mutate = 1 swaps two
 // registers of the transposed G fragment (must fail), 2 drops the lo part of qg in E.
 static bool selftest_v17_shape(int C, int H, int nr, int N, int NP, int chain, uint64_t *rng, int mutate = 0) {
-    const int HC = C / H, SK = HC / 16, NT = (nr + 15) / 16, J = nr + 2, nrp = (nr + 3) & ~3;
+    const int HC = C / H, SK = HC / 16, NT = (nr + 15) / 16, nrp = (nr + 3) & ~3;
     constexpr float L2E = 1.4426950408889634f;
-    auto uni = [&]() { *rng = *rng * 6364136223846793005ull + 1442695040888963407ull; return ((*rng >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1; };
-    auto bfv = [&](double x) { return (float)bfr(x); };
-    std::vector<int> readers(nr);
-    for (int i = 0, j = 0; i < nr; j++) { if (J - j <= nr - i || uni() > 0) { readers[i++] = j; } }
-    std::vector<float> v((size_t)N * C), r(N), G((size_t)J * N * C), S((size_t)J * N * H), lse((size_t)J * N * H), qg((size_t)J * C);
-    std::vector<float> old((size_t)N * C);
-    for (auto &x : v) { x = bfv(uni()); }
-    for (auto &x : G) { x = bfv(0.3 * uni()); }
-    for (auto &x : qg) { x = (float)(0.4 * uni()); }
-    for (auto &x : old) { x = (float)(0.1 * uni()); }
-    for (int t = 0; t < N; t++) {
-        double ss = 0;
-        for (int c = 0; c < C; c++) { ss += (double)v[(size_t)t * C + c] * v[(size_t)t * C + c]; }
-        r[t] = (float)(1.0 / sqrt(ss / C + 1e-6));
-    }
-    for (auto &x : S) { x = (float)(0.2 * uni()); }
-    for (auto &x : lse) { x = (float)(1.0 + uni()); }
+    const GatherCase gc = gather_case(C, H, nr, N, nr + 2, rng);
+    const std::vector<int> &readers = gc.readers;
+    const std::vector<float> &v = gc.v, &r = gc.r, &G = gc.G, &S = gc.S, &lse = gc.lse, &qg = gc.qg;
+    std::vector<float> old((size_t)N * C);   // dslot_{k+1}, added when chain
+    for (auto &x : old) { x = (float)(0.1 * lcg_uni(rng)); }
     // the slot's qg image (route_qimg17_kernel writes it once per backward; the kernel's prologue copies it)
     std::vector<uint16_t> qs((size_t)2 * 32 * (C + 8), 0);
     for (int j = 0; j < 32; j++) {
@@ -4775,25 +4795,16 @@ static bool selftest_v17_shape(int C, int H, int nr, int N, int NP, int chain, u
     // against the gather's sums in float64
     double num = 0, den = 0, dnum = 0, dden = 0;
     for (int t = 0; t < N; t++) {
-        const float *vt = v.data() + (size_t)t * C;
-        std::vector<double> ref(C, 0.0);
-        double refuv = 0;
+        std::vector<double> ref, refdsr;
+        gather_ref64(gc, t, ref, refdsr);
         for (int jj = 0; jj < nr; jj++) {
-            const int j = readers[jj];
-            const float *Gr = G.data() + ((size_t)j * N + t) * C;
             for (int h = 0; h < H; h++) {
-                double e = 0, p = 0;
-                for (int c = h * HC; c < (h + 1) * HC; c++) { e += (double)qg[(size_t)j * C + c] * vt[c]; p += (double)Gr[c] * vt[c]; }
-                const size_t row = ((size_t)j * N + t) * H + h;
-                const double a = exp(r[t] * e - lse[row]), ds = a * (p - S[row]);
-                for (int c = h * HC; c < (h + 1) * HC; c++) { ref[c] += r[t] * ds * qg[(size_t)j * C + c] + a * Gr[c]; }
-                refuv += ds * e;
-                const double got = dsr[((size_t)t * H + h) * nrp + jj];
-                dnum = std::max(dnum, fabs(got - ds * r[t])); dden = std::max(dden, fabs(ds * r[t]));
+                const double got = dsr[((size_t)t * H + h) * nrp + jj], x = refdsr[(size_t)jj * H + h];
+                dnum = std::max(dnum, fabs(got - x)); dden = std::max(dden, fabs(x));
             }
         }
         for (int c = 0; c < C; c++) {
-            const double x = ref[c] - (double)r[t] * r[t] * r[t] / C * refuv * vt[c] + (chain ? old[(size_t)t * C + c] : 0.0);
+            const double x = ref[c] + (chain ? old[(size_t)t * C + c] : 0.0);
             const double got = dslot[(size_t)t * C + c];
             num = std::max(num, std::isfinite(got) ? fabs(got - x) : INFINITY); den = std::max(den, fabs(x));
         }

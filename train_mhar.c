@@ -5,7 +5,7 @@ A Qwen3-style transformer (RMSNorm, RoPE, GQA with QK-norm, SwiGLU, tied
 embeddings) whose residual stream is either the usual running sum (std) or
 MHAR routing: the input of every sublayer is a learned softmax mix, over depth,
 of all earlier sublayer outputs, with one softmax per routing head. The model
-is specified in ../shared/SPEC.md; section numbers below refer to it.
+is specified in doc/SPEC.md; section numbers below refer to it.
 
 Every forward and backward pass is written out by hand in plain C. Each layer
 has X_forward and X_backward side by side; backward functions add (+=) into

@@ -1,6 +1,6 @@
 """An independent PyTorch model of SPEC.md (Multi-Head Attention Residuals).
 
-Written from /work/shared/SPEC.md alone, not from the C trainer: its purpose is to check that
+Written from doc/SPEC.md alone, not from the C trainer: its purpose is to check that
 the C/CUDA code computes what the SPEC says (check_grads.py), and later to be the speed
 baseline (torch.compile + bf16 autocast). It runs on CPU in float64 and on CUDA in bf16.
 

@@ -428,6 +428,22 @@ void route_forward(real *out, real *a, const real *slots, const real *r, const i
 // Positions are processed in fixed blocks of ROUTE_BLOCK; each block sums its
 // share of dq/dgamma, and the blocks are added in order at the end, so the
 // result is the same for any number of threads.
+//
+// This is the per-site form: site j walks its sources and adds to each. The
+// CUDA trainer computes the same sums in the per-slot (gather) form, which
+// writes each source's gradient once instead of once per reading site. Slot k
+// is read only by sites j >= k, so when the backward reaches site k every
+// reader of slot k has its G_j:
+//   site j (route_site_backward):  G_j = dL/dh_j through the next norm, and
+//                                  S_j[h] = G_j[h] . out_j[h]  (= sum_i a p)
+//   slot k (route_slot_backward):  for each reader j of k, per head h:
+//                                  p = G_j[h] . v_k[h], e = qg_j[h] . v_k[h],
+//                                  a = exp(r_k e - lse_j[h]), ds = a (p - S_j[h]);
+//                                  dv_k += sum_j [ds r_k qg_j - (r_k^3/C)(ds e) v_k + a G_j]
+//                                  and keeps ds r_k per (reader, position)
+//   q/gamma (route_slot_qgamma,    qv_(j,k)[c] = sum_t ds r_k v_k[c], the per-(site, source)
+//    route_param_backward):        share; dq_j = gamma_j sum_k qv_(j,k), dgamma_j = q_j sum_k qv_(j,k)
+// The loop below computes these per position t and source i in one pass.
 #define ROUTE_BLOCK 32
 void route_backward(real *dslots, real *dq, real *dgamma, const real *dout, const real *a,
                     const real *slots, const real *r, const int *src, int n, const real *q,

@@ -14,7 +14,7 @@ LDLIBS = -lm
 HEADERS = $(wildcard common/*.h)
 
 .PHONY: all test deps bench bench-gpu quickstart clean
-all: train_mhar test_mhar
+all: train_mhar test_mhar test_dist
 
 train_mhar: train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
@@ -23,6 +23,10 @@ train_mhar: train_mhar.c $(HEADERS)
 # (with nvcc: plus the GPU checks, linking train_mhar.cu's objects; see the CUDA section below)
 test_mhar: test_mhar.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMHAR_REAL=double $(GPU_TEST_CFLAGS) -o $@ $< $(GPU_TEST_OBJS) $(LDLIBS) $(GPU_TEST_LIBS)
+
+# data-parallel training's host side (common/dist.h) on the CPU: data slicing, environment, id exchange
+test_dist: test_dist.c $(HEADERS)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMHAR_REAL=double -I. -o $@ $< $(LDLIBS)
@@ -41,12 +45,13 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
 # gradients and of the optimiser steps, the plots and the routing probe, and test_mhar last (its final line is the summary).
-test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitivity
+test: deps train_mhar test_mhar test_dist dev/mhar_grads dev/route_probe dev/loss_sensitivity
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
 	/usr/bin/python3 dev/torch_ref/check_grads.py
 	/usr/bin/python3 dev/torch_ref/check_train.py
 	bash dev/test_plots.sh
+	./test_dist
 	./test_mhar
 
 deps:
@@ -64,7 +69,7 @@ quickstart: train_mhar
 	bash dev/quickstart.sh
 
 clean:
-	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity
+	rm -f train_mhar test_mhar test_dist dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity
 
 # ---------------------------------------------------------------------------
 # CUDA trainer (train_mhar.cu) and the GPU checks of test_mhar, built where nvcc
@@ -93,11 +98,22 @@ test_mhar: $(GPU_TEST_OBJS)
 test: $(GPU_BINS) lab-selftest
 endif
 
+# NCCL for data-parallel training (common/dist.h, common/dist_nccl.h): the first
+# of the CUDA toolkit and PyTorch's wheel (which has libnccl.so.2 only, linked by
+# its full path, with an rpath) holding both nccl.h and the library. Without it
+# the trainers build as before and run one process. make NCCL_HOME= builds without.
+NCCL_CANDIDATES = $(CUDA_HOME) $(wildcard /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl)
+nccl_lib = $(firstword $(wildcard $(1)/lib64/libnccl.so $(1)/lib/libnccl.so $(1)/lib64/libnccl.so.2 $(1)/lib/libnccl.so.2))
+NCCL_HOME ?= $(firstword $(foreach d,$(NCCL_CANDIDATES),$(if $(and $(wildcard $(d)/include/nccl.h),$(call nccl_lib,$(d))),$(d))))
+NCCL_LIB = $(if $(NCCL_HOME),$(call nccl_lib,$(NCCL_HOME)))
+NCCL_FLAGS = $(if $(NCCL_LIB),-DMHAR_NCCL -I$(NCCL_HOME)/include)
+NCCL_LDLIBS = $(if $(NCCL_LIB),$(NCCL_LIB) -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NCCL_LIB))))
+
 train_mhar_cu: train_mhar.cu $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -o $@ $< $(CUDA_LDLIBS) $(NCCL_LDLIBS)
 
 train_mhar_cu_fp32: train_mhar.cu $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) -DPRECISION_FP32 -o $@ $< $(CUDA_LDLIBS)
+	$(NVCC) $(NVCCFLAGS) -DPRECISION_FP32 $(NCCL_FLAGS) -o $@ $< $(CUDA_LDLIBS) $(NCCL_LDLIBS)
 
 # the CUDA trainer without main, exporting mhar_gpu_<precision>_* (common/gpu_api.h)
 train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS)

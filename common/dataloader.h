@@ -92,17 +92,31 @@ static void dataloader_seek(DataLoader *dl, int shard, long long pos, const char
     dl->shard = shard; dl->pos = pos;
 }
 
-// Load the next batch into inputs/targets and advance.
-static void dataloader_next(DataLoader *dl) {
+// Advance the state past the next batch; returns the token index where that
+// batch starts, in the (possibly new) dl->shard.
+static long long dataloader_advance(DataLoader *dl) {
     size_t n = (size_t)dl->B * dl->T;
     if ((size_t)dl->pos + n + 1 > dl->ntok[dl->shard]) {   // not enough left: next shard
         dl->shard = (dl->shard + 1) % dl->nshards;
         dl->pos = 0;
     }
+    long long start = dl->pos;
+    dl->pos += (long long)n;
+    return start;
+}
+
+// Step over the next batch without reading it (data-parallel ranks skip the
+// micro-batches of other ranks this way: common/dist.h).
+static void dataloader_skip(DataLoader *dl) { dataloader_advance(dl); }
+
+// Load the next batch into inputs/targets and advance.
+static void dataloader_next(DataLoader *dl) {
+    size_t n = (size_t)dl->B * dl->T;
+    long long start = dataloader_advance(dl);
     const char *path = dl->paths[dl->shard];
     int elem = dl->elem[dl->shard];
     FILE *f = fopen_check(path, "rb");
-    fseek(f, (long)(sizeof(int) * SHARD_HEADER_INTS + (size_t)dl->pos * elem), SEEK_SET);
+    fseek(f, (long)(sizeof(int) * SHARD_HEADER_INTS + (size_t)start * elem), SEEK_SET);
     fread_check(dl->buf, elem, n + 1, f, path);
     fclose(f);
     for (size_t i = 0; i <= n; i++) {
@@ -111,12 +125,11 @@ static void dataloader_next(DataLoader *dl) {
         else { memcpy(&tok, dl->buf + 4 * i, 4); }
         if (tok >= (uint32_t)dl->V) {
             die("%s holds token %u at position %lld, outside the vocabulary V=%d; set -V to the "
-                "tokenizer's size or re-tokenise", path, tok, dl->pos + (long long)i, dl->V);
+                "tokenizer's size or re-tokenise", path, tok, start + (long long)i, dl->V);
         }
         if (i < n) { dl->inputs[i] = (int)tok; }
         if (i > 0) { dl->targets[i - 1] = (int)tok; }
     }
-    dl->pos += (long long)n;
 }
 
 static void dataloader_free(DataLoader *dl) {

@@ -10,11 +10,14 @@
 //   void device_finish(char *desc, size_t n) tear down, describe memory use at the end
 //   void model_logits_row(Model *m, int t, float *out)   row t of the last forward's
 //                                                         logits (V floats) on the host
+// Data-parallel runs (common/dist.h) also read the Model's grads_mem and
+// params_mem (nparams values each; fp32 device arrays on the NCCL path).
 #pragma once
 #include <sys/resource.h>
 #include "args.h"
 #include "checkpoint.h"
 #include "dataloader.h"
+#include "dist.h"
 #include "logger.h"
 #include "tokenizer.h"
 
@@ -27,15 +30,16 @@ static float lr_at(int step, int steps, int warmup, float peak, float lr_min_fra
     return lo + 0.5f * (1.0f + cosf(3.14159265358979f * progress)) * (peak - lo);
 }
 
-// Mean loss over the first n batches of a loader.
-static float evaluate(Model *m, DataLoader *dl, int n) {
+// Mean loss over the first n batches of a loader; batch k on rank k % world.
+static float evaluate(Model *m, DataLoader *dl, int n, Dist *dist) {
     dataloader_reset(dl);
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        dataloader_next(dl);
+        if (!dist_next_micro(dl, dist, i)) { continue; }
         model_forward(m, dl->inputs, dl->targets, dl->B, dl->T, 0);   // 0: no backward follows
         sum += m->loss;
     }
+    dist_sum_host(dist, &sum, 1);
     return (float)(sum / n);
 }
 
@@ -86,6 +90,10 @@ static int train_main(int argc, char **argv) {
     Config *cfg = &args.cfg;
     int B = args.B, T = cfg->T;
     int accum = (int)(args.total_batch / ((long)B * T));
+    Dist dist;
+    dist_start(&dist);   // before device_init: picks this rank's GPU
+    dist_check_batch(&dist, args.total_batch, B, T);
+    int rank0 = dist.rank == 0;   // the only rank that logs, samples and saves
     char desc[256];
     device_init(desc, sizeof(desc));
 
@@ -105,6 +113,11 @@ static int train_main(int argc, char **argv) {
     printf("parameters: %zu (%.2fM)\n", model.nparams, model.nparams / 1e6);
     printf("batch: %d x %d tokens, %d micro-batches per step = %ld tokens; %d steps; %s\n",
            B, T, accum, args.total_batch, args.steps, desc);
+    char dist_desc[256];
+    dist_describe(&dist, dist_desc, sizeof(dist_desc));
+    if (dist.nccl) { printf("%s; %d micro-batches per rank per step\n", dist_desc, accum / dist.world); }
+    dist_check_same(&dist, model.params_mem, model.nparams * sizeof(*model.params_mem), "the start-up parameters");
+    int check_every = dist_check_every();
 
     DataLoader train, val;
     dataloader_init(&train, args.train_glob, B, T, cfg->V);
@@ -118,6 +131,7 @@ static int train_main(int argc, char **argv) {
         tokenizer_init(&tokenizer, args.tokenizer);
         eot = (int)tokenizer_eot(&tokenizer);
     }
+    if (!rank0) { args.out_dir = ""; }
     if (args.out_dir[0] != '\0') { mkdir_p(args.out_dir); }
     Logger logger;
     logger_init(&logger, args.out_dir, args.resume[0] != '\0');
@@ -128,14 +142,16 @@ static int train_main(int argc, char **argv) {
         model_zero_grad(&model);
         double loss = 0;
         for (int micro = 0; micro < accum; micro++) {
-            dataloader_next(&train);
+            if (!dist_next_micro(&train, &dist, micro)) { continue; }   // another rank's micro-batch
             double dloss = 1.0 / ((double)B * T * accum);   // d mean-loss / d each position's loss
             model_forward(&model, train.inputs, train.targets, B, T, dloss);   // the cross-entropy's backward
             model_backward(&model, dloss);                                      // runs in the forward
             loss += model.loss;
         }
+        dist_sum_floats(&dist, model.grads_mem, model.nparams);   // the whole step's gradient on every rank
+        dist_sum_host(&dist, &loss, 1);
         loss /= accum;
-        double norm = grad_norm(&model);
+        double norm = grad_norm(&model);   // after the sum: the same on every rank, and so is the update
         float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
         float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
         adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
@@ -146,12 +162,15 @@ static int train_main(int argc, char **argv) {
                step + 1, args.steps, loss, lr, norm, ms, tok_s);
         logger_train(&logger, step + 1, (float)loss, lr, (float)norm, ms, tok_s);
 
+        if (check_every > 0 && (step + 1) % check_every == 0) {
+            dist_check_same(&dist, model.params_mem, model.nparams * sizeof(*model.params_mem), "the parameters");
+        }
         if (have_val && ((step + 1) % args.val_every == 0 || last)) {
-            float vl = evaluate(&model, &val, args.val_batches);
+            float vl = evaluate(&model, &val, args.val_batches, &dist);
             printf("step %5d | val loss %.6f\n", step + 1, vl);
             logger_val(&logger, step + 1, vl);
         }
-        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
+        if (rank0 && args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
             model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
         }
         if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
@@ -165,12 +184,14 @@ static int train_main(int argc, char **argv) {
             printf("saved %s\n", path);
         }
     }
+    dist_check_same(&dist, model.params_mem, model.nparams * sizeof(*model.params_mem), "the final parameters");
     device_finish(desc, sizeof(desc));   // before freeing, so it sees the memory in use
     logger_free(&logger);
     dataloader_free(&train);
     if (have_val) { dataloader_free(&val); }
     if (have_tok) { tokenizer_free(&tokenizer); }
     model_free(&model);
+    dist_finish(&dist);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("done: %speak RSS %.1f MiB\n", desc, ru.ru_maxrss / 1024.0);

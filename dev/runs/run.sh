@@ -13,6 +13,11 @@
 #   RUNS     parent folder of the run folders (default runs)
 #   SEED     seed (default 1337): equal seeds make runs of different modes comparable
 #   CKPT_EVERY  steps between checkpoints (default 500)
+#   NGPU     GPUs of this machine to train on, one process each (default 1). Above 1 the
+#            trainer runs data-parallel under mpirun (common/dist.h): B stays the per-GPU
+#            micro-batch, SEQS_PER_STEP must be a multiple of B*NGPU, and the losses are those
+#            of one GPU accumulating over SEQS_PER_STEP/B micro-batches (up to summation
+#            order). A run resumes on any NGPU. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 5 ] || { echo "usage: $0 NAME PRESET SEQS_PER_STEP STEPS PEAK_LR [trainer flags]" >&2; exit 1; }
@@ -20,6 +25,14 @@ NAME=$1 PRESET=$2 SEQS=$3 STEPS=$4 LR=$5
 shift 5
 DATA=${DATA:-data/large} B=${B:-16} TRAINER=${TRAINER:-./train_mhar_cu} RUNS=${RUNS:-runs} SEED=${SEED:-1337} CKPT_EVERY=${CKPT_EVERY:-500}
 OUT=$RUNS/$NAME
+NGPU=${NGPU:-1}
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+LAUNCH=()
+if [ "$NGPU" -gt 1 ]; then
+    command -v mpirun >/dev/null || { echo "error: NGPU=$NGPU needs mpirun (OpenMPI) on PATH" >&2; exit 1; }
+    LAUNCH=(mpirun -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE)
+    [ "$(id -u)" -ne 0 ] || LAUNCH+=(--allow-run-as-root)
+fi
 
 if [ ! -x "$TRAINER" ]; then make "$(basename "$TRAINER")"; fi
 ls "$DATA"/*_train_*.bin >/dev/null 2>&1 || { echo "error: no shards in $DATA; make them with: make data/large (or set DATA)" >&2; exit 1; }
@@ -31,7 +44,7 @@ case $PRESET in
     *) echo "error: preset $PRESET is unknown; use 100m, 350m, 1b (or test, tiny)" >&2; exit 1 ;;
 esac
 TOKENS_PER_STEP=$((SEQS * T))
-[ $((TOKENS_PER_STEP % (B * T))) -eq 0 ] || { echo "error: B=$B does not divide $SEQS sequences per step; set B to a divisor" >&2; exit 1; }
+[ $((TOKENS_PER_STEP % (B * T * NGPU))) -eq 0 ] || { echo "error: B=$B x NGPU=$NGPU does not divide $SEQS sequences per step; set B (per GPU) so that B*NGPU divides $SEQS" >&2; exit 1; }
 
 FLAGS=(-preset "$PRESET" -b "$B" -d "$TOKENS_PER_STEP" -n "$STEPS" -lr "$LR" -warmup 1000 -lr_min 0.1
        -wd 0.1 -clip 1.0 -seed "$SEED" -i "$DATA/*_train_*.bin" -j "$DATA/*_val_*.bin" -tok "$DATA/tokenizer.bin" "$@")
@@ -48,14 +61,14 @@ fi
 
 # expected wall time: time 6 optimizer steps, skip the first 2
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "unknown GPU")
-PROBE=$("$TRAINER" "${FLAGS[@]}" -n 6 -warmup 1 -val_every 0 -sample_every 0 2>&1 | awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 2) {s += a[1]; k++}} END {if (k) printf "%.0f", s / k}')
+PROBE=$("${LAUNCH[@]}" "$TRAINER" "${FLAGS[@]}" -n 6 -warmup 1 -val_every 0 -sample_every 0 2>&1 | awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 2) {s += a[1]; k++}} END {if (k) printf "%.0f", s / k}')
 if [ -n "$PROBE" ]; then
     SECS=$(( (STEPS - DONE) * TOKENS_PER_STEP / PROBE ))
-    printf 'run.sh: %s on %s: %d tok/s measured, %d steps left: expected wall time %dh%02dm (without validation)\n' \
-        "$NAME" "$GPU" "$PROBE" $((STEPS - DONE)) $((SECS / 3600)) $((SECS % 3600 / 60))
+    printf 'run.sh: %s on %d x %s: %d tok/s measured, %d steps left: expected wall time %dh%02dm (without validation)\n' \
+        "$NAME" "$NGPU" "$GPU" "$PROBE" $((STEPS - DONE)) $((SECS / 3600)) $((SECS % 3600 / 60))
 else
     echo "run.sh: could not time a few steps on $GPU; starting anyway" >&2
 fi
 
 mkdir -p "$OUT"
-"$TRAINER" "${FLAGS[@]}" -val_every 250 -val_batches 16 -sample_every 2000 -ckpt_every "$CKPT_EVERY" -o "$OUT" "${RESUME[@]}" 2>&1 | tee -a "$OUT/stdout.txt"
+"${LAUNCH[@]}" "$TRAINER" "${FLAGS[@]}" -val_every 250 -val_batches 16 -sample_every 2000 -ckpt_every "$CKPT_EVERY" -o "$OUT" "${RESUME[@]}" 2>&1 | tee -a "$OUT/stdout.txt"

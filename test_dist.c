@@ -6,8 +6,8 @@ built without NCCL (no GPU needed):
      the wrap to the first shard; every micro-batch goes to one rank; every
      rank's loader state after each step equals the single stream's; a resume
      from that state on another number of ranks continues the same stream;
-  2. the rank / world environment (mpirun's and torchrun's variables,
-     MHAR_DIST) and its one-line errors, and -d against b*T*ranks;
+  2. the rank / world environment (Open MPI's, MPICH's and torchrun's
+     variables, MHAR_DIST) and its one-line errors, and -d against b*T*ranks;
   3. the unique-id exchange through a file between forked processes: every
      rank gets rank 0's bytes; a stale file is ignored, a missing one times
      out, one of another world size is refused, each with a one-line error;
@@ -235,6 +235,7 @@ static void check_slicing(const char *dir) {
 // 2. The environment
 
 static const char *dist_vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                  "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
                                   "RANK", "WORLD_SIZE", "LOCAL_RANK", "MHAR_DIST", "MHAR_DIST_ID_FILE"};
 
 static void env_clear(void) {
@@ -277,6 +278,8 @@ static void check_env(void) {
         {"", 0, 1, 0, 0},
         {"OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1", 1, 2, 1, 1},
         {"OMPI_COMM_WORLD_RANK=5 OMPI_COMM_WORLD_SIZE=8 OMPI_COMM_WORLD_LOCAL_RANK=1", 5, 8, 1, 1},
+        {"PMI_RANK=1 PMI_SIZE=2 MPI_LOCALRANKID=1", 1, 2, 1, 1},
+        {"OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 RANK=0 WORLD_SIZE=4", 1, 2, 1, 1},   // mpirun's set first
         {"RANK=3 WORLD_SIZE=4 LOCAL_RANK=3", 3, 4, 3, 1},
         {"RANK=2 WORLD_SIZE=4", 2, 4, 2, 1},   // no local rank: one machine
         {"MHAR_DIST=1", 0, 1, 0, 1},

@@ -2,9 +2,9 @@
 // ranks walking the same stream of micro-batches. Host code; C99 and C++.
 //
 // Launch: N processes started by `mpirun -np N` (rank and world size from
-// OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_RANK) or
-// by a launcher that sets RANK / WORLD_SIZE / LOCAL_RANK (torchrun, or a shell
-// loop). No variable set: one process, as before. MHAR_DIST=1 takes the NCCL
+// Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, or MPICH's PMI_RANK /
+// PMI_SIZE / MPI_LOCALRANKID) or by a launcher that sets RANK / WORLD_SIZE /
+// LOCAL_RANK (torchrun, or a shell loop); the first set found counts. No variable set: one process, as before. MHAR_DIST=1 takes the NCCL
 // path even with one rank (to check that path against the plain one);
 // MHAR_DIST=0 refuses a multi-rank environment. Ranks find each other through
 // NCCL's unique id, which rank 0 writes to a file the others wait for:
@@ -87,13 +87,14 @@ static long dist_env_int(const char *name) {
 // Fill d from the environment (nothing else: no NCCL, no files).
 static void dist_env(Dist *d) {
     memset(d, 0, sizeof(*d));
-    static const char *sets[2][4] = {
+    static const char *sets[3][4] = {
         {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE (mpirun)"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI_SIZE (MPICH mpirun)"},
         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "WORLD_SIZE"},
     };
     d->world = 1;
     d->source = "one process";
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         long rank = dist_env_int(sets[s][0]), world = dist_env_int(sets[s][1]);
         if (rank < 0 && world < 0) { continue; }
         if (rank < 0 || world < 0) {

@@ -20,9 +20,7 @@ MODE=${1:-}
 case $MODE in one|two|speed|all) ;; *) echo "usage: $0 one|two|speed|all" >&2; exit 1 ;; esac
 WORK=${WORK:-/tmp/mhar_dp_check} PRESET=${PRESET:-100m} B=${B:-4}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # NVLink multicast stays off
-MPI=(mpirun -np 2 --bind-to none -x NCCL_NVLS_ENABLE -x MHAR_DIST_CHECK)
-[ "$(id -u)" -ne 0 ] || MPI+=(--allow-run-as-root)
-export MHAR_DIST_CHECK=${MHAR_DIST_CHECK:-0}
+MPI=(dev/runs/mpi_launch.sh 2)
 PASSED=0 FAILED=0
 check() { if [ "$1" = 1 ]; then echo "PASS $2"; PASSED=$((PASSED + 1)); else echo "FAIL $2"; FAILED=$((FAILED + 1)); fi; }
 

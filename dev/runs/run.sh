@@ -14,7 +14,7 @@
 #   SEED     seed (default 1337): equal seeds make runs of different modes comparable
 #   CKPT_EVERY  steps between checkpoints (default 500)
 #   NGPU     GPUs of this machine to train on, one process each (default 1). Above 1 the
-#            trainer runs data-parallel under mpirun (common/dist.h): B stays the per-GPU
+#            trainer runs data-parallel under mpirun (mpi_launch.sh, common/dist.h): B stays the per-GPU
 #            micro-batch, SEQS_PER_STEP must be a multiple of B*NGPU, and the losses are those
 #            of one GPU accumulating over SEQS_PER_STEP/B micro-batches (up to summation
 #            order). A run resumes on any NGPU. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
@@ -28,11 +28,7 @@ OUT=$RUNS/$NAME
 NGPU=${NGPU:-1}
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 LAUNCH=()
-if [ "$NGPU" -gt 1 ]; then
-    command -v mpirun >/dev/null || { echo "error: NGPU=$NGPU needs mpirun (OpenMPI) on PATH" >&2; exit 1; }
-    LAUNCH=(mpirun -np "$NGPU" --bind-to none -x NCCL_NVLS_ENABLE)
-    [ "$(id -u)" -ne 0 ] || LAUNCH+=(--allow-run-as-root)
-fi
+[ "$NGPU" -le 1 ] || LAUNCH=(dev/runs/mpi_launch.sh "$NGPU")
 
 if [ ! -x "$TRAINER" ]; then make "$(basename "$TRAINER")"; fi
 ls "$DATA"/*_train_*.bin >/dev/null 2>&1 || { echo "error: no shards in $DATA; make them with: make data/large (or set DATA)" >&2; exit 1; }

@@ -19,8 +19,8 @@ Tolerance 1e-12: both models are float64 and differ only in summation order and 
 the routing score (r_i sum (q gamma) v instead of sum q (gamma r_i v)), ~1e-16..1e-14 here.
 A misread formula gives 1e-4..1; a negative control (one weight changed by 1e-9 relative) must
 exceed the tolerance too, so the measure can fail at well below any real mistake.
-Also checked: SPEC 6 init statistics, the layout round trip, and that the RoPE tables keep full
-precision through .double().
+Also checked: SPEC 6 init statistics, that one seed initialises both models identically, the
+layout round trip, and that the RoPE tables keep full precision through .double().
 
     /usr/bin/python3 dev/torch_ref/check_fast_model.py [--seed N]
 Ends with "N passed, N failed"; exit status 1 on any failure.
@@ -147,6 +147,10 @@ def check_init(tally, seed):
     m2 = FastMHAR(cfg)
     m2.load_layout(lay)
     tally.check("layout round trip", all(torch.equal(m2.layout()[n], t) for n, t in lay.items()))
+    torch.manual_seed(seed)
+    ref = MHAR(cfg)
+    tally.check("init: same seed, same parameters as model.py",
+                all(torch.equal(p, lay[n]) for n, p in ref.named_parameters()))
 
 
 def check_rope_tables(tally):

@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mhar_io import Config
+from mhar_io import Config, param_layout
 
 RMS_EPS = 1e-6        # SPEC 3 (rmsnorm) and SPEC 4 (routing statistic r_i)
 ROPE_BASE = 10000.0   # SPEC 3
@@ -94,11 +94,12 @@ def route(sources: List[torch.Tensor], stats: List[torch.Tensor], q: torch.Tenso
     (B, T, 1), site query q and key-norm weight gamma (C,), H heads of C/H channels.
         s[h,i] = r_i * sum_{c in head h} (q gamma)[c] v_i[c]      (= q . k_i over head h)
         a[h,:] = softmax over i;  out[c] = sum_i a[h(c), i] v_i[c]
-    Output (B, T, C) in the compute dtype (>= float32)."""
+    Output (B, T, C) in the compute dtype (>= float32). Sources enter the products in their own
+    dtype (type promotion computes in float32 with q, gamma, a), so autograd keeps no per-site
+    float32 copies of bf16 sources."""
     B, T, C = sources[0].shape
-    dt = _compute_dtype(sources[0])
     w = (q * gamma).view(H, C // H)
-    heads = [v.to(dt).view(B, T, H, C // H) for v in sources]
+    heads = [v.view(B, T, H, C // H) for v in sources]
     s = torch.stack([(vh * w).sum(dim=-1) * r for vh, r in zip(heads, stats)], dim=0)  # (n, B, T, H)
     a = torch.softmax(s, dim=0).unsqueeze(-1)                                           # (n, B, T, H, 1)
     out = a[0] * heads[0]
@@ -107,21 +108,27 @@ def route(sources: List[torch.Tensor], stats: List[torch.Tensor], q: torch.Tenso
     return out.reshape(B, T, C)
 
 
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    """nn.Linear without bias, left uninitialised (skip_init: no draws from the generator)."""
+    return nn.utils.skip_init(nn.Linear, n_in, n_out, bias=False)
+
+
 class Block(nn.Module):
     """Transformer block l: attention sublayer 2l and MLP sublayer 2l+1 (SPEC 3), each with its
-    pre-norm weight. Weights are (out, in), applied as y = x W^T."""
+    pre-norm weight. Weights are (out, in), applied as y = x W^T. Created uninitialised (no
+    random draws: FastMHAR.init_weights draws every tensor)."""
 
     def __init__(self, cfg: Config):
         super().__init__()
         C, HD, NH, NKV = cfg.C, cfg.HD, cfg.NH, cfg.NKV
-        self.ln1w = nn.Parameter(torch.ones(C))
-        self.qkv = nn.Linear(C, (NH + 2 * NKV) * HD, bias=False)    # rows: Wq, then Wk, then Wv
-        self.qnw = nn.Parameter(torch.ones(HD))
-        self.knw = nn.Parameter(torch.ones(HD))
-        self.wo = nn.Linear(NH * HD, C, bias=False)
-        self.ln2w = nn.Parameter(torch.ones(C))
-        self.gu = nn.Linear(C, 2 * cfg.F, bias=False)               # rows: Wg, then Wu
-        self.wd = nn.Linear(cfg.F, C, bias=False)
+        self.ln1w = nn.Parameter(torch.empty(C))
+        self.qkv = _linear(C, (NH + 2 * NKV) * HD)       # rows: Wq, then Wk, then Wv
+        self.qnw = nn.Parameter(torch.empty(HD))
+        self.knw = nn.Parameter(torch.empty(HD))
+        self.wo = _linear(NH * HD, C)
+        self.ln2w = nn.Parameter(torch.empty(C))
+        self.gu = _linear(C, 2 * cfg.F)                  # rows: Wg, then Wu
+        self.wd = _linear(cfg.F, C)
 
 
 class FastMHAR(nn.Module):
@@ -145,10 +152,10 @@ class FastMHAR(nn.Module):
         self.cfg, self.attn, self.head_rows = cfg, attn, head
         self.wte = nn.Parameter(torch.empty(cfg.Vp, cfg.C))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.L))
-        self.lnfw = nn.Parameter(torch.ones(cfg.C))
+        self.lnfw = nn.Parameter(torch.empty(cfg.C))
         if cfg.mode == "mhar":                     # one query and gamma per site j = 0 .. 2L
-            self.rq = nn.Parameter(torch.zeros(2 * cfg.L + 1, cfg.C))
-            self.rg = nn.Parameter(torch.ones(2 * cfg.L + 1, cfg.C))
+            self.rq = nn.Parameter(torch.empty(2 * cfg.L + 1, cfg.C))
+            self.rg = nn.Parameter(torch.empty(2 * cfg.L + 1, cfg.C))
         cos, sin = rope_tables(cfg.T, cfg.HD)
         self.register_buffer("rope_cos", cos.float(), persistent=False)
         self.register_buffer("rope_sin", sin.float(), persistent=False)
@@ -157,15 +164,21 @@ class FastMHAR(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None):
         """SPEC 6: matrices N(0, 0.02^2), norm weights and gamma 1, routing queries 0; the padded
-        rows V..Vp-1 of wte 0 (model.py's CHOICE)."""
-        for name, p in self.named_parameters():
+        rows V..Vp-1 of wte 0 (model.py's CHOICE). Drawn tensor by tensor in the checkpoint
+        layout's order and shapes, as model.py draws them, so one seed gives both models the
+        same parameters."""
+        tensors = {}
+        for name, shape in param_layout(self.cfg):
+            t = torch.empty(shape, dtype=self.wte.dtype, device=self.wte.device)
             if name == "rq":
-                p.zero_()
-            elif p.dim() == 2 and name != "rg":
-                p.normal_(0.0, 0.02, generator=generator)
+                t.zero_()
+            elif name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
+                t.fill_(1.0)
             else:
-                p.fill_(1.0)
-        self.wte[self.cfg.V:].zero_()
+                t.normal_(0.0, 0.02, generator=generator)
+            tensors[name] = t
+        tensors["wte"][self.cfg.V:].zero_()
+        self.load_layout(tensors)
 
     def _apply(self, fn, *args, **kwargs):
         """Keep the RoPE tables in the model's float dtype, rounded once from float64."""
@@ -230,7 +243,10 @@ class FastMHAR(nn.Module):
         q, k, v = b.qkv(u).split([NH * HD, NKV * HD, NKV * HD], dim=-1)
         q = rope(rmsnorm(q.view(B, T, NH, HD), b.qnw), self.rope_cos, self.rope_sin)
         k = rope(rmsnorm(k.view(B, T, NKV, HD), b.knw), self.rope_cos, self.rope_sin)
-        v = v.view(B, T, NKV, HD).to(q.dtype)
+        # q and k leave the norm in >= float32; SDPA takes one dtype (under autocast bf16, the
+        # dtype autocast would cast q and k to)
+        v = v.view(B, T, NKV, HD)
+        q, k = q.to(v.dtype), k.to(v.dtype)
         rep = NH // NKV                  # query head h reads kv head h // rep
         if self.attn != "sdpa_gqa" and rep > 1:
             k = k.repeat_interleave(rep, dim=2)

@@ -38,9 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mhar_io import Config, param_layout
-
-RMS_EPS = 1e-6        # SPEC 3 (rmsnorm) and SPEC 4 (routing statistic r_i)
-ROPE_BASE = 10000.0   # SPEC 3
+from model import RMS_EPS, ROPE_BASE, _compute_dtype, rmsnorm  # the same norm (SPEC 3) and constants
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")                      # torch >= 2.0
 HAS_GQA = HAS_SDPA and tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -51,17 +49,6 @@ def available_attn_impls() -> List[str]:
     """The attention implementations the installed torch can run."""
     return [a for a in ATTN_IMPLS if a == "plain" or (a == "sdpa_repeat" and HAS_SDPA) or
             (a == "sdpa_gqa" and HAS_GQA)]
-
-
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
-    """At least float32 (float64 stays float64): norms and routing statistics."""
-    return torch.promote_types(t.dtype, torch.float32)
-
-
-def rmsnorm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """SPEC 3: x / sqrt(mean(x^2) + 1e-6) * g over the last axis, computed in >= float32."""
-    xf = x.to(_compute_dtype(x))
-    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS) * g
 
 
 def rope_tables(T: int, HD: int):

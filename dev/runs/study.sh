@@ -166,8 +166,10 @@ for f in "$DATA"/*.xz; do
 with lzma.open(sys.argv[1]) as i, open(sys.argv[2] + '.tmp', 'wb') as o: shutil.copyfileobj(i, o, 1 << 24)
 os.rename(sys.argv[2] + '.tmp', sys.argv[2])" "$f" "${f%.xz}"
 done
-DATA_FLAGS=(-i "$DATA/*_train_*.bin" -j "$DATA/*_val_*.bin" -tok "$DATA/tokenizer.bin")
+DATA_FLAGS=(-i "$DATA/*_train_*.bin" -j "$DATA/*_val_*.bin")
+[ ! -f "$DATA/tokenizer.bin" ] || DATA_FLAGS+=(-tok "$DATA/tokenizer.bin")
 mkdir -p "$RUNS"
+rm -f "$RUNS/study_results.tar.gz"   # never hand back a previous call's pack
 make -s dev/route_probe > "$RUNS/make_probe.txt" 2>&1 &
 PROBE_BUILD=$!
 LOG=$RUNS/chunk.txt
@@ -179,8 +181,12 @@ PROBES=()
 probe() {
     local left=$((HARD_S - SECONDS - 5))
     [ "$left" -gt 10 ] || { say "no time left to probe $2"; return; }
+    if [ -n "$PROBE_BUILD" ]; then   # the build started with the chunk; long done by now
+        wait "$PROBE_BUILD" || say "make dev/route_probe failed: $(tail -n 2 "$RUNS/make_probe.txt" | tr '\n' ' ')"
+        PROBE_BUILD=""
+    fi
     # shellcheck disable=SC2086
-    (wait "$PROBE_BUILD" 2>/dev/null; OMP_NUM_THREADS=$PROBE_THREADS timeout "$left" nice ./dev/route_probe -c "$1" \
+    (OMP_NUM_THREADS=$PROBE_THREADS timeout "$left" nice ./dev/route_probe -c "$1" \
         -j "$DATA/*_val_*.bin" $PROBE_FLAGS -o "$2/probe.csv" -k "$2/probe_width.csv" > "$2/probe.txt" 2>&1 ||
         echo "probe failed (exit $?)" >> "$2/probe.txt") &
     PROBES+=($!)

@@ -200,8 +200,10 @@ if [ "$MODE" = probe ]; then
         [ -n "$ck" ] && probe "$ck" "$d" && say "probing ${NAMES[$k]} ($ck)"
     done
 else
-    if [ ! -x "$TRAINER" ]; then
-        say "$TRAINER missing: building it (make -j$(nproc), a few minutes of the budget)"
+    # a carried binary that cannot load here (another CUDA major version) is rebuilt too
+    if [ ! -x "$TRAINER" ] || ! "$TRAINER" -h > /dev/null 2>&1; then
+        say "$TRAINER missing or not loadable ($( ("$TRAINER" -h 2>&1 || true) | tail -n 1)): building it (make -j$(nproc), a few minutes of the budget)"
+        rm -f "$TRAINER"
         make -s -j"$(nproc)" "${TRAINER#./}" >> "$LOG" 2>&1 || die "make ${TRAINER#./} failed (see $LOG)"
     fi
     say "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi'); budget $BUDGET s, hard stop $HARD_S s"

@@ -90,6 +90,11 @@ check "second chunk packs attnres_s1 with its probe (probe.csv, probe_width.csv)
 check "the probe's alpha matches the model's weights (< 1e-5)" \
     eval 'tar -xzOf "$W/out2/study_results.tar.gz" attnres_s1/probe.txt | awk "/max \\|difference\\|/ {f = 1; if (\$NF + 0 > 1e-5) exit 1} END {exit !f}"'
 tar -xzf "$W/out2/study_results.tar.gz" -C "$W/res"
+rm "$W/runs2/attnres_s1/probe_width.csv"
+RUNS="$W/runs2" OUT="$W/out3" PROBE_FLAGS="-b 2 -n 1 -t 8" bash dev/runs/study.sh --probe > "$W/s3.out" 2>&1
+check "--probe on a warm machine: probes the finished attnres run again (not std), packs it" \
+    eval '[ -f "$W/runs2/attnres_s1/probe_width.csv" ] && grep -q "probing attnres_s1" "$W/out3/chunk.txt" &&
+          ! grep -q "probing std" "$W/out3/chunk.txt" && tar -tzf "$W/out3/study_results.tar.gz" | grep -qx attnres_s1/probe_width.csv'
 RUNS="$W/runs3" bash dev/runs/study.sh --status > "$W/st.out" 2>&1
 check "--status: 2 of 3 runs done, 1 pending" grep -q "2 of 3 runs done; 1 pending" "$W/st.out"
 bash dev/runs/study.sh --next x > /dev/null 2> "$W/err.txt"

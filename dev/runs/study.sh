@@ -197,7 +197,11 @@ if [ "$MODE" = probe ]; then
         d=$RUNS/${NAMES[$k]}
         routed "${FLAGS[$k]}" && finished "$d/log.txt" || continue
         ck=$(ls "$d"/ckpt_*.bin 2>/dev/null | tail -1)
-        [ -n "$ck" ] && probe "$ck" "$d" && say "probing ${NAMES[$k]} ($ck)"
+        [ -n "$ck" ] || continue
+        say "probing ${NAMES[$k]} ($ck)"
+        probe "$ck" "$d"
+        for p in "${PROBES[@]}"; do wait "$p" || true; done   # one at a time: each takes most cores
+        PROBES=()
     done
 else
     # a carried binary that cannot load here (another CUDA major version) is rebuilt too

@@ -218,7 +218,9 @@ else
         [[ $name =~ $ONLY ]] || continue
         [ "$NEXT" = 0 ] || [ "$ran" -lt "$NEXT" ] || break
         e=$(estimate "${SPEEDS[$k]}")
-        if [ $((SECONDS + e)) -gt "$BUDGET" ]; then say "stop: $name needs ~$e s, $((BUDGET - SECONDS)) s left of $BUDGET"; break; fi
+        if [ $((SECONDS + e)) -gt "$BUDGET" ] || [ $((SECONDS + e)) -gt "$HARD_S" ]; then
+            say "stop: $name needs ~$e s, $((BUDGET - SECONDS)) s left of the budget $BUDGET (hard stop $HARD_S)"; break
+        fi
         rm -rf "$d"; mkdir -p "$d"   # a run cut short before restarts from step 0
         t0=$SECONDS
         # shellcheck disable=SC2086

@@ -251,13 +251,14 @@ def main():
 
 def draw(path, methods, seeds_of, res):
     """Left: val loss per method, mean over seeds with a min..max band. Right: the paired
-    difference against std at each val step, mean over seeds with a +- std band."""
+    difference against std at each val step, mean over seeds with a +- std band. Both zoom on
+    the later two thirds of training; grey marks the last quarter (the table's tail)."""
     import numpy as np
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
-    lo_all = []
+    lo_all, d_all, last = [], [], 0
     for k, m in enumerate(methods):
         done = [s for s in seeds_of[m] if (m, s) in res]
         if not done:
@@ -268,6 +269,7 @@ def draw(path, methods, seeds_of, res):
         ax.plot(steps, y.mean(0), color=color, label=f"{m} ({len(done)} seeds)")
         ax.fill_between(steps, y.min(0), y.max(0), color=color, alpha=0.2)
         lo_all.append(y[:, len(steps) // 3:])
+        last = max(last, steps[-1])
         paired = [d for d in done if ("std", d) in res]
         if m != "std" and paired:
             base = [dict(res[("std", d)]["vals"]) for d in paired]
@@ -276,10 +278,18 @@ def draw(path, methods, seeds_of, res):
             sd = diff.std(0, ddof=1) if len(paired) > 1 else np.zeros(len(st))
             bx.plot(st, diff.mean(0), color=color, label=f"{m} - std ({len(paired)} pairs)")
             bx.fill_between(st, diff.mean(0) - sd, diff.mean(0) + sd, color=color, alpha=0.2)
+            later = slice(len(st) // 3, None)
+            d_all.append(np.concatenate([(diff.mean(0) - sd)[later], (diff.mean(0) + sd)[later]]))
     if lo_all:   # zoom on the later two thirds, where the methods separate
         vals = np.concatenate([v.ravel() for v in lo_all])
         pad = 0.05 * (vals.max() - vals.min() + 1e-9)
         ax.set_ylim(vals.min() - pad, vals.max() + pad)
+    if d_all:   # the same zoom for the differences: early ones are large and say little
+        vals = np.concatenate(d_all + [np.zeros(1)])
+        pad = 0.05 * (vals.max() - vals.min() + 1e-9)
+        bx.set_ylim(vals.min() - pad, vals.max() + pad)
+    for a in (ax, bx):   # the tail: the last quarter, whose val points the table averages
+        a.axvspan(0.75 * last, last, color="0.9", zorder=0)
     ax.set_xlabel("step"); ax.set_ylabel("val loss"); ax.grid(alpha=0.3); ax.legend(fontsize=8)
     ax.set_title("val loss: mean over seeds, band min..max", fontsize=10)
     bx.axhline(0, color="k", lw=0.8)

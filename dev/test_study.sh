@@ -102,5 +102,5 @@ rc=$?
 check "study.sh --next x: non-zero exit, one-line error" eval '[ $rc -ne 0 ] && [ "$(wc -l < "$W/err.txt")" -eq 1 ] && grep -q -- "--next" "$W/err.txt"'
 $PY dev/runs/study_collect.py --results "$W/res" --matrix "$W/matrix.txt" --table "$W/e.md" --fig "$W/e.png" > /dev/null 2>&1
 check "the collector reads study.sh's own output (attnres delta against std, probe table)" \
-    eval 'grep -q "^| attnres |.*| 1 |" "$W/e.md" && grep -q "KL trained" "$W/e.md"'
+    eval 'grep -q "^| attnres |.*| 1 |" "$W/e.md" && grep -q "KL trained" "$W/e.md" && [ -s "$W/width.png" ]'
 finish

@@ -14,7 +14,8 @@ Per method:
   tokens    steps x tokens per step (the matrix's -n and -d)
 Missing runs are listed as such; a val loss that is NaN or infinite is an error (exit 1),
 never dropped. Probe outputs beside a log (probe_width.csv, probe.csv from dev/route_probe)
-add a table of the width disagreement (SPEC section 10) and of the JS between heads.
+add a table of the width disagreement (SPEC section 10) and of the JS between heads, and
+width.png beside the figure (dev/plot_width.py).
 
     /usr/bin/python3 dev/runs/study_collect.py [--results DIR] [--matrix FILE] [--table FILE] [--fig FILE]
 
@@ -247,6 +248,15 @@ def main():
     if fig_path != "none" and res:
         draw(fig_path, methods, seeds_of, res)
         print(f"wrote {fig_path}")
+        # the width disagreement per site of every probed run, beside val_loss.png
+        csvs = [(res[(m, s)]["name"], os.path.join(args.results, res[(m, s)]["name"], "probe_width.csv"))
+                for m in probed for s in seeds_of[m] if "width" in res.get((m, s), {})]
+        if csvs:
+            width_png = os.path.join(os.path.dirname(fig_path) or ".", "width.png")
+            import subprocess
+            here = os.path.dirname(os.path.abspath(__file__))
+            subprocess.run([sys.executable, os.path.join(here, "..", "plot_width.py"), *[c for _, c in csvs],
+                            "--labels", *[n for n, _ in csvs], "--out", width_png], check=True)
 
 
 def draw(path, methods, seeds_of, res):

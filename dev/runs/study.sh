@@ -24,7 +24,8 @@
 # runs/study/study_results.tar.gz and, when OUT is set, copied to $OUT together with
 # $OUT/chunk.txt (what ran, wall times, failures). Unpack into dev/results/study/ and commit.
 #
-# Environment: MATRIX, RESULTS (dev/results/study), RUNS (runs/study), DATA (data/study),
+# Environment: MATRIX, RESULTS (dev/results/study), RUNS (runs/study), DATA (data/study: the
+# .xz shards, carried), BIN (data/study.bin: where they are decompressed, on the device),
 # TRAINER (./train_mhar_cu; built with make when missing), BASE_TPS (600000: std tokens/s, for
 # the estimates), STARTUP_S (12: per-run start and the final checkpoint), HARD_S (560: runs are
 # killed so that packing ends before the device's 600 s), PROBE_FLAGS ("-b 4 -n 4 -t 1024").
@@ -160,13 +161,18 @@ if [ "$MODE" = status ] || [ "$MODE" = dry ]; then
 fi
 
 # ------------------------------------------------------------------ on the device
+# the shards are decompressed beside the carried folder, not into it: a carried data/study
+# must hold only the .xz files (the 64 MiB limit), so a .bin left in it would block the next carry
+BIN=${BIN:-$DATA.bin}
+mkdir -p "$BIN"
 for f in "$DATA"/*.xz; do
     [ -f "$f" ] || die "no $DATA/*.xz; make them here with: bash dev/runs/study.sh --prepare (and carry $DATA)"
-    [ -f "${f%.xz}" ] || /usr/bin/env python3 -c "import lzma, os, shutil, sys
+    b=$BIN/$(basename "${f%.xz}")
+    [ -f "$b" ] || /usr/bin/env python3 -c "import lzma, os, shutil, sys
 with lzma.open(sys.argv[1]) as i, open(sys.argv[2] + '.tmp', 'wb') as o: shutil.copyfileobj(i, o, 1 << 24)
-os.rename(sys.argv[2] + '.tmp', sys.argv[2])" "$f" "${f%.xz}"
+os.rename(sys.argv[2] + '.tmp', sys.argv[2])" "$f" "$b"
 done
-DATA_FLAGS=(-i "$DATA/*_train_*.bin" -j "$DATA/*_val_*.bin")
+DATA_FLAGS=(-i "$BIN/*_train_*.bin" -j "$BIN/*_val_*.bin")
 [ ! -f "$DATA/tokenizer.bin" ] || DATA_FLAGS+=(-tok "$DATA/tokenizer.bin")
 mkdir -p "$RUNS"
 rm -f "$RUNS/study_results.tar.gz"   # never hand back a previous call's pack
@@ -187,7 +193,7 @@ probe() {
     fi
     # shellcheck disable=SC2086
     (OMP_NUM_THREADS=$PROBE_THREADS timeout "$left" nice ./dev/route_probe -c "$1" \
-        -j "$DATA/*_val_*.bin" $PROBE_FLAGS -o "$2/probe.csv" -k "$2/probe_width.csv" > "$2/probe.txt" 2>&1 ||
+        -j "$BIN/*_val_*.bin" $PROBE_FLAGS -o "$2/probe.csv" -k "$2/probe_width.csv" > "$2/probe.txt" 2>&1 ||
         echo "probe failed (exit $?)" >> "$2/probe.txt") &
     PROBES+=($!)
 }
@@ -239,7 +245,10 @@ else
         grep -v '^step' "$d/stdout.txt" > "$d/train.txt" || true
         rm -f "$d/stdout.txt"
         say "done $name in $wall s (estimate $e s): $(awk '$3 == "val_loss" {v = $4} END {print "final val loss " v}' "$d/log.txt")"
-        CAL=$(awk -v c="$CAL" -v w="$wall" -v e="$e" -v st="$STARTUP_S" 'BEGIN {r = (w - st) / (e - st) * c; printf "%.3f", (r > 0.3 ? r : c)}')
+        # measured / estimated, from runs long enough to tell (kept within 0.3 .. 5)
+        CAL=$(awk -v c="$CAL" -v w="$wall" -v e="$e" -v st="$STARTUP_S" 'BEGIN {
+            if (e - st < 10) { printf "%.3f", c; exit }
+            r = (w - st) / (e - st) * c; printf "%.3f", (r < 0.3 ? 0.3 : (r > 5 ? 5 : r)) }')
         if routed "${FLAGS[$k]}"; then probe "$(ls "$d"/ckpt_*.bin | tail -1)" "$d"; fi
     done
 fi

@@ -11,7 +11,7 @@ Per method:
   tail mean +- std over the seeds done (sample std, ddof 1; "-" for one seed)
   delta     tail(method, seed) - tail(std, seed) for each seed both have finished:
             mean +- std of these paired differences, and how many pairs
-  tokens    steps x tokens per step (the matrix's -n and -d)
+  tokens    steps x tokens per step (the trainer's line in the run's train.txt, else the matrix's -d)
 Missing runs are listed as such; a val loss that is NaN or infinite is an error (exit 1),
 never dropped. Probe outputs beside a log (probe_width.csv, probe.csv from dev/route_probe)
 add a table of the width disagreement (SPEC section 10) and of the JS between heads, and
@@ -178,9 +178,14 @@ def main():
         if steps_planned and last != steps_planned:
             fail(f"{path} ends at step {last}, the matrix plans {steps_planned}: an unfinished run does not "
                  f"belong in {args.results}; delete its folder and run it again")
-        r = dict(name=name, vals=vals, last=last, tail=tail_mean(vals, last), tps=tps,
-                 final=vals[-1][1], tokens=last * tok_step)
         d = os.path.dirname(path)
+        # tokens per step: the trainer's own line in train.txt (study.sh keeps it), else the matrix's -d
+        per_step = tok_step
+        if os.path.exists(os.path.join(d, "train.txt")):
+            m_ = re.search(r"micro-batches per step = (\d+) tokens", open(os.path.join(d, "train.txt")).read())
+            per_step = int(m_.group(1)) if m_ else per_step
+        r = dict(name=name, vals=vals, last=last, tail=tail_mean(vals, last), tps=tps,
+                 final=vals[-1][1], tokens=last * per_step if per_step else None)
         if os.path.exists(os.path.join(d, "probe_width.csv")):
             r["width"] = read_width(os.path.join(d, "probe_width.csv"))
         if os.path.exists(os.path.join(d, "probe.csv")):
@@ -204,7 +209,7 @@ def main():
         if not done:
             out.append(f"| {m} | `{flags_of[m]}` | {seeds_txt} | not run | - | - | - | - | - | {PAPER.get(m, '-')} |")
             continue
-        toks = sorted({res[(m, s)]["tokens"] for s in done})
+        toks = sorted({res[(m, s)]["tokens"] for s in done if res[(m, s)]["tokens"]})
         tps = mean_std([res[(m, s)]["tps"] for s in done])[0]
         if m == "std":
             delta, npairs = "0 (baseline)", "-"
@@ -212,7 +217,7 @@ def main():
             delta = fmt(*mean_std(pairs), sign=True) if pairs else "no paired seed"
             npairs = str(len(pairs))
         out.append(f"| {m} | `{flags_of[m]}` | {seeds_txt} | {fmt(*mean_std(tails))} | {delta} | {npairs} | "
-                   f"{fmt(*mean_std([res[(m, s)]['final'] for s in done]))} | {'/'.join(f'{t:,}' for t in toks)} | "
+                   f"{fmt(*mean_std([res[(m, s)]['final'] for s in done]))} | {'/'.join(f'{t:,}' for t in toks) or '?'} | "
                    f"{'-' if math.isnan(tps) else f'{tps:,.0f}'} | {PAPER.get(m, '-')} |")
     out.append("")
     out.append("Per run (tail val loss):\n")

@@ -237,7 +237,9 @@ else
         set -e
         wall=$((SECONDS - t0)); ran=$((ran + 1))
         if [ $rc -ne 0 ] || ! finished "$d/log.txt"; then
-            say "FAILED $name (exit $rc after $wall s, estimate $e s); its last lines:"
+            why="exit $rc"
+            [ $rc -ne 124 ] && [ $rc -ne 137 ] || why="cut at the hard stop $HARD_S s: it restarts in a later chunk"
+            say "FAILED $name ($why, after $wall s, estimate $e s); its last lines:"
             tail -n 4 "$d/stdout.txt" | sed 's/^/    /' | tee -a "$LOG"
             rm -f "$d"/ckpt_*.bin
             continue

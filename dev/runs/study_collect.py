@@ -14,7 +14,8 @@ Per method:
   tokens    steps x tokens per step (the trainer's line in the run's train.txt, else the matrix's -d)
 Missing runs are listed as such; a val loss that is NaN or infinite is an error (exit 1),
 never dropped. Probe outputs beside a log (probe_width.csv, probe.csv from dev/route_probe)
-add a table of the width disagreement (SPEC section 10) and of the JS between heads, and
+add a table of the width disagreement (SPEC section 10), the JS between heads and the mean
+query norm over sites (how far the queries moved off their zero init), and
 width.png beside the figure (dev/plot_width.py).
 
     /usr/bin/python3 dev/runs/study_collect.py [--results DIR] [--matrix FILE] [--table FILE] [--fig FILE]
@@ -134,9 +135,10 @@ def read_width(path):
         fail(f"{path} has no site with two or more sources; re-create it with dev/route_probe -k")
     kl = [float(r["kl_nats"]) for r in multi]
     nl = [float(r["kl_null_nats"]) for r in multi]
+    qn = [float(r["q_norm"]) for r in multi]
     if not all(math.isfinite(x) for x in kl + nl):
         fail(f"{path} holds a KL that is not finite; the checkpoint may hold NaNs")
-    return sum(kl) / len(kl), sum(nl) / len(nl)
+    return sum(kl) / len(kl), sum(nl) / len(nl), sum(qn) / len(qn)
 
 
 def read_js(path):
@@ -231,8 +233,8 @@ def main():
         out.append("")
         out.append(f"Routing probe (dev/route_probe -k, -o): width disagreement KL(a_s || alpha), nats, 4 slices, mean over "
                    f"sites with two or more sources (paper: {PAPER_WIDTH}); JS between routing heads, bits.\n")
-        out.append("| method | probed | KL trained | KL null | excess | JS averaged | JS per position |")
-        out.append("|---|---|---|---|---|---|---|")
+        out.append("| method | probed | KL trained | KL null | excess | JS averaged | JS per position | mean query norm |q_j| |")
+        out.append("|---|---|---|---|---|---|---|---|")
         for m in probed:
             rs = [res[(m, s)] for s in seeds_of[m] if "width" in res.get((m, s), {})]
             kl = mean_std([r["width"][0] for r in rs])
@@ -241,7 +243,8 @@ def main():
             js = [r["js"] for r in rs if "js" in r]
             ja = mean_std([j[0] for j in js if not math.isnan(j[0])])
             jp = mean_std([j[1] for j in js if not math.isnan(j[1])])
-            out.append(f"| {m} | {len(rs)} | {fmt(*kl)} | {fmt(*nl)} | {fmt(*ex)} | {fmt(*ja)} | {fmt(*jp)} |")
+            qn = mean_std([r["width"][2] for r in rs])
+            out.append(f"| {m} | {len(rs)} | {fmt(*kl)} | {fmt(*nl)} | {fmt(*ex)} | {fmt(*ja)} | {fmt(*jp)} | {fmt(*qn, digits=3)} |")
     text = "\n".join(out) + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(table_path)), exist_ok=True)
     with open(table_path + ".tmp", "w") as f:

@@ -41,7 +41,9 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
 # gradients and of the optimiser steps, the speed baseline (fast_model.py) against the
-# reference model.py, the plots and the routing probe, and test_mhar last (its final line is the summary).
+# reference model.py, the plots and the routing probe, the study's scripts
+# (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), and test_mhar
+# last (its final line is the summary).
 test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitivity
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
@@ -49,6 +51,7 @@ test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitiv
 	/usr/bin/python3 dev/torch_ref/check_train.py
 	/usr/bin/python3 dev/torch_ref/check_fast_model.py
 	bash dev/test_plots.sh
+	bash dev/test_study.sh
 	./test_mhar
 
 deps:

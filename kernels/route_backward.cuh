@@ -194,7 +194,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     int hd[NCH];
     bool first[NCH];
     lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
-    // v_k in fp32 (old path: the compiler may keep it packed and unpack it per
+    // v_k in fp32 (fallback: the compiler may keep it packed and unpack it per
     // reader, to stay within the register bound; LEAN: held packed, unpacked per
     // reader), and the next reader's G (no ring). Lanes past C: G and qg are zeros,
     // so p = e = 0 there whatever v_k holds (ld_lane_clamped), and they skip the rest.

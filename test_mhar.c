@@ -825,7 +825,8 @@ static void check_gpu(void) {
     flash[1].tol_train = 2e-2;
     // MHAR_GPU_QUICK=1 (for compute-sanitizer racecheck, which is slow): block
     // mode, and the bf16 flash configs at T = 150, only, 2 steps, no trainer
-    // binaries. Block S=4 runs every GPU kernel but the flash ones.
+    // binaries. Block S=4 runs the routing kernels' fast paths in bf16 and their
+    // fallbacks in fp32 (not the row-ring fallbacks of the wide and deep configs).
     const char *qenv = getenv("MHAR_GPU_QUICK");
     int quick = qenv != NULL && qenv[0] != '\0' && strcmp(qenv, "0") != 0;
     if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4 and bf16 flash T=150 only, 2 training steps\n"); }

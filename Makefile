@@ -12,6 +12,7 @@ CFLAGS ?= -O3 $(NATIVE) -Wall -Wextra -Wno-unused-function
 CFLAGS += $(if $(OPENMP),$(OPENMP),-Wno-unknown-pragmas)
 LDLIBS = -lm
 HEADERS = $(wildcard common/*.h)
+KERNELS = $(wildcard kernels/*.cuh)
 
 .PHONY: all test deps bench bench-gpu quickstart clean
 all: train_mhar test_mhar
@@ -21,7 +22,7 @@ train_mhar: train_mhar.c $(HEADERS)
 
 # the test compiles the trainer in double precision for finite differences
 # (with nvcc: plus the GPU checks, linking train_mhar.cu's objects; see the CUDA section below)
-test_mhar: test_mhar.c train_mhar.c $(HEADERS)
+test_mhar: test_mhar.c train_mhar.c $(HEADERS) kernels/route_forward.cuh
 	$(CC) $(CFLAGS) -DMHAR_REAL=double $(GPU_TEST_CFLAGS) -o $@ $< $(GPU_TEST_OBJS) $(LDLIBS) $(GPU_TEST_LIBS)
 
 dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
@@ -42,8 +43,9 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
 # gradients and of the optimiser steps, the speed baseline (fast_model.py) against the
 # reference model.py, the plots and the routing probe, the study's scripts
-# (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), and test_mhar
-# last (its final line is the summary).
+# (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), the layout
+# check (dev/check_layout.sh: no kernel or getenv in train_mhar.cu, no paths of the dev machine),
+# and test_mhar last (its final line is the summary).
 test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitivity
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
@@ -52,6 +54,7 @@ test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitiv
 	/usr/bin/python3 dev/torch_ref/check_fast_model.py
 	bash dev/test_plots.sh
 	bash dev/test_study.sh
+	bash dev/check_layout.sh
 	./test_mhar
 
 deps:
@@ -98,22 +101,22 @@ test_mhar: $(GPU_TEST_OBJS)
 test: $(GPU_BINS) lab-selftest
 endif
 
-train_mhar_cu: train_mhar.cu $(HEADERS)
+train_mhar_cu: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LDLIBS)
 
-train_mhar_cu_fp32: train_mhar.cu $(HEADERS)
+train_mhar_cu_fp32: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DPRECISION_FP32 -o $@ $< $(CUDA_LDLIBS)
 
 # the CUDA trainer without main, exporting mhar_gpu_<precision>_* (common/gpu_api.h)
-train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS)
+train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -DPRECISION_FP32 -c -o $@ $<
 
-train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
+train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
 LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual
-dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh
+dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh $(HEADERS) $(KERNELS)
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 .PHONY: lab
 lab: $(LAB_BINS)

@@ -9,7 +9,8 @@
 #   memory of mhar <= 1.10x our std.
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
-# Then a per-op breakdown of one training step of our std and mhar H=8 (MHAR_PROFILE, train_mhar.cu).
+# Then a per-op breakdown of our std and mhar H=8 (the trainer's NVTX ranges under nsys, when
+# nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
 #                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
 #                                   PROFILE=1 (0: skip the breakdown))
@@ -98,11 +99,14 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 
-# per-op breakdown of the 4th step (the first ones warm up cuBLAS and the allocator)
+# per-op breakdown of 4 steps (GPU time of each NVTX range: kernels/common.cuh's op_range)
 if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
+    prof=$(mktemp -d)
     for mode in "std" "mhar -H 8"; do
         echo
-        echo "per-op breakdown, our $mode:"
-        MHAR_PROFILE=4 train -n 4 -r $mode 2>&1 | sed -n '/^profile/,/^  total/p'
+        echo "per-op breakdown, our $mode (4 steps):"
+        bash dev/nsys_ops.sh "$prof/ops" "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 \
+            -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n 4 -r $mode
     done
+    rm -rf "$prof"
 fi

@@ -12,6 +12,7 @@ CFLAGS ?= -O3 $(NATIVE) -Wall -Wextra -Wno-unused-function
 CFLAGS += $(if $(OPENMP),$(OPENMP),-Wno-unknown-pragmas)
 LDLIBS = -lm
 HEADERS = $(wildcard common/*.h)
+KERNELS = $(wildcard kernels/*.cuh)
 
 .PHONY: all test deps bench bench-gpu quickstart clean
 all: train_mhar test_mhar test_dist
@@ -21,7 +22,7 @@ train_mhar: train_mhar.c $(HEADERS)
 
 # the test compiles the trainer in double precision for finite differences
 # (with nvcc: plus the GPU checks, linking train_mhar.cu's objects; see the CUDA section below)
-test_mhar: test_mhar.c train_mhar.c $(HEADERS)
+test_mhar: test_mhar.c train_mhar.c $(HEADERS) kernels/route_forward.cuh
 	$(CC) $(CFLAGS) -DMHAR_REAL=double $(GPU_TEST_CFLAGS) -o $@ $< $(GPU_TEST_OBJS) $(LDLIBS) $(GPU_TEST_LIBS)
 
 # data-parallel training's host side (common/dist.h) on the CPU: data slicing, environment, id exchange
@@ -44,13 +45,20 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
-# gradients and of the optimiser steps, the plots and the routing probe, and test_mhar last (its final line is the summary).
+# gradients and of the optimiser steps, the speed baseline (fast_model.py) against the
+# reference model.py, the plots and the routing probe, the study's scripts
+# (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), the layout
+# check (dev/check_layout.sh: no kernel or getenv in train_mhar.cu, no paths of the dev machine),
+# data-parallel training's host side (test_dist), and test_mhar last (its final line is the summary).
 test: deps train_mhar test_mhar test_dist dev/mhar_grads dev/route_probe dev/loss_sensitivity
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
 	/usr/bin/python3 dev/torch_ref/check_grads.py
 	/usr/bin/python3 dev/torch_ref/check_train.py
+	/usr/bin/python3 dev/torch_ref/check_fast_model.py
 	bash dev/test_plots.sh
+	bash dev/test_study.sh
+	bash dev/check_layout.sh
 	./test_dist
 	./test_mhar
 
@@ -109,22 +117,22 @@ NCCL_LIB = $(if $(NCCL_HOME),$(call nccl_lib,$(NCCL_HOME)))
 NCCL_FLAGS = $(if $(NCCL_LIB),-DMHAR_NCCL -I$(NCCL_HOME)/include)
 NCCL_LDLIBS = $(if $(NCCL_LIB),$(NCCL_LIB) -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NCCL_LIB))))
 
-train_mhar_cu: train_mhar.cu $(HEADERS)
+train_mhar_cu: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -o $@ $< $(CUDA_LDLIBS) $(NCCL_LDLIBS)
 
-train_mhar_cu_fp32: train_mhar.cu $(HEADERS)
+train_mhar_cu_fp32: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DPRECISION_FP32 $(NCCL_FLAGS) -o $@ $< $(CUDA_LDLIBS) $(NCCL_LDLIBS)
 
 # the CUDA trainer without main, exporting mhar_gpu_<precision>_* (common/gpu_api.h)
-train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS)
+train_mhar_gpu_fp32.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -DPRECISION_FP32 -c -o $@ $<
 
-train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
+train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
 LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual
-dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh
+dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh $(HEADERS) $(KERNELS)
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 .PHONY: lab
 lab: $(LAB_BINS)

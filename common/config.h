@@ -175,59 +175,6 @@ static int site_sources(const Config *c, int j, int *src) {
     return n;
 }
 
-// Groups of the routing forward (the CUDA trainer's route_forward, lab
-// dev/cuda/route.cu v13). The queries do not depend on the input, so while the
-// kernel of site g reads its sources it can also run the softmax of a later
-// site g+m over those same sources and store it as a partial (the fp32 mix
-// (N, C) and the log-sum-exp per head (N, H)); site g+m then starts from the
-// partial and reads only the rest of its own sources. Site g+m may join site
-// g's group when g's source list (n[g] slots) is a strict prefix of its own
-// and no slot of it is written after site g: slot k >= 1 is written once, by
-// sublayer k-1, between sites k-1 and k (the slots above), so slot k <= g.
-// Groups are runs of consecutive sites, at most kmax long. A group is taken
-// only where it costs less per position, counting bytes (a source row: vbytes*C
-// + 4 for its r; a partial: 4(C + H) written and read again) and the extra
-// sites' work: each extra site's pass over a source row of the leader costs
-// ROUTE_FWD_XCOST rows (on the H200, groups by bytes alone took the 100M full
-// forward from 3.18 to 2.90 ms a step where bytes predicted 1.91: 0.55 a row;
-// block S=4 lost time), or wherever it may when
-// all != 0 (the largest group first; the checks, to run the grouped path on
-// small models). src: row j (stride ld) holds site j's n[j] slots.
-// Writes lead[j], the first site of j's group (j itself when it leads or is
-// alone); returns the number of sites that start from a partial.
-#define ROUTE_FWD_XCOST 0.55
-static int route_fwd_plan(int J, const int *n, const int *src, int ld, int C, int H, int vbytes, int kmax, int all,
-                          int *lead) {
-    const double row = (double)vbytes * C + 4, part = 2.0 * 4 * (C + H);
-    double *best = (double *)malloc(((size_t)J + 1) * sizeof(double));   // bytes of sites j..J-1
-    int *len = (int *)malloc((size_t)J * sizeof(int));                    // the group that starts at j
-    if (best == NULL || len == NULL) { fprintf(stderr, "error: out of host memory\n"); exit(1); }
-    best[J] = 0;
-    for (int j = J - 1; j >= 0; j--) {
-        const int *sj = src + (size_t)j * ld;
-        int ok = 1;
-        for (int i = 0; i < n[j]; i++) { ok = ok && sj[i] <= j; }   // written before site j, never after
-        best[j] = n[j] * row + best[j + 1];
-        len[j] = 1;
-        double cost = n[j] * row;   // the group j .. j+k-1 alone
-        for (int k = 2; ok && k <= kmax && j + k <= J; k++) {
-            const int g = j + k - 1, *sg = src + (size_t)g * ld;
-            ok = n[g] > n[j];
-            for (int i = 0; ok && i < n[j]; i++) { ok = sg[i] == sj[i]; }
-            if (!ok) { break; }
-            cost += (n[g] - n[j]) * row + part + ROUTE_FWD_XCOST * n[j] * row;
-            if (all || cost + best[j + k] < best[j]) { best[j] = cost + best[j + k]; len[j] = k; }
-        }
-    }
-    int starts = 0;
-    for (int j = 0; j < J; j += len[j]) {
-        for (int m = 0; m < len[j]; m++) { lead[j + m] = j; }
-        starts += len[j] - 1;
-    }
-    free(best); free(len);
-    return starts;
-}
-
 // ---------------------------------------------------------------------------
 // Initialisation (SPEC section 6): every matrix N(0, std^2), norm weights and
 // routing gammas 1, routing queries 0; the padding rows V..Vp-1 of wte are 0

@@ -1,8 +1,9 @@
 """An independent PyTorch model of SPEC.md (Multi-Head Attention Residuals).
 
 Written from doc/SPEC.md alone, not from the C trainer: its purpose is to check that
-the C/CUDA code computes what the SPEC says (check_grads.py), and later to be the speed
-baseline (torch.compile + bf16 autocast). It runs on CPU in float64 and on CUDA in bf16.
+the C/CUDA code computes what the SPEC says (check_grads.py). The GPU speed baseline is
+fast_model.py, the same function laid out for speed (check_fast_model.py compares the two).
+It runs on CPU in float64 and on CUDA in bf16 (bench_torch.py --impl ref).
 
 The parameters mirror the checkpoint layout one to one (mhar_io.param_layout): per-layer
 weights are stacked along a leading L axis, e.g. wq has shape (L, NH*HD, C), so loading a

@@ -263,7 +263,7 @@ static void child_dist_env(void *spec) {
 static void child_dist_start(void *spec) {
     env_set((const char *)spec);
     Dist d;
-    dist_start(&d);
+    dist_start(&d, 4L * TB * TT, TB, TT);
 }
 
 static void child_check_batch(void *world) {

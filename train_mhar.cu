@@ -21,6 +21,10 @@ Precision, chosen at build time:
                    It runs each op's generic kernel where bf16 has a faster one.
   -DTESTING        no main; exports the C API of common/gpu_api.h under
                    mhar_gpu_fp32_* or mhar_gpu_bf16_*, for test_mhar.c.
+  -DMHAR_NCCL      data-parallel training over NCCL, one process per GPU
+                   (common/dist.h; the Makefile adds it where it finds NCCL):
+                   the training loop sums the fp32 gradients over the ranks
+                   once per optimizer step, before the norm and AdamW.
 There are no run-time switches: each op picks its kernel by one predicate on the
 shape and precision (each kernels/<op>.cuh says which). Per-op timing: every op is an NVTX
 range (op_range, kernels/common.cuh) that nsys reports (dev/bench_gpu.sh).
@@ -57,6 +61,7 @@ slot gradient at a time, written once.
 #include "common/logger.h"
 #include "common/tokenizer.h"
 #include "common/gpu_api.h"
+#include "common/dist.h"   // here, outside the namespace: it includes system headers (and nccl.h)
 
 #ifdef PRECISION_FP32
 typedef float floatX;
@@ -861,8 +866,10 @@ static void device_init(char *desc, size_t n) {
         die("no CUDA device (%s); run the CPU trainer train_mhar instead",
             derr != cudaSuccess ? cudaGetErrorString(derr) : "0 devices");
     }
+    int dev = 0;   // this rank's GPU on the data-parallel path (dist_start), else device 0
+    cudaCheck(cudaGetDevice(&dev));
     cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
     snprintf(desc, n, "%s on %.200s", PRECISION_NAME, prop.name);
 }
 

@@ -225,7 +225,7 @@ static uint64_t dist_hash(uint64_t h, const void *p, size_t n) {
 #else
 // Without NCCL (the CPU trainer, or a CUDA build where nccl.h was not found)
 // only one process trains: the sums over ranks are the identity.
-static void dist_start(Dist *d) {
+static void dist_start(Dist *d, long total_batch, int B, int T) {
     dist_env(d);
     if (d->world > 1) {
         die("environment %s gives %d ranks but this build has no NCCL: build train_mhar_cu where nccl.h is "
@@ -235,6 +235,7 @@ static void dist_start(Dist *d) {
         die("MHAR_DIST=1 asks for the NCCL path but this build has no NCCL: build train_mhar_cu where nccl.h "
             "is found (Makefile NCCL_HOME), or unset MHAR_DIST");
     }
+    dist_check_batch(d, total_batch, B, T);
 }
 static void dist_sum_floats(Dist *d, void *x, size_t n) { (void)d; (void)x; (void)n; }
 static void dist_sum_host(Dist *d, double *x, int n) { (void)d; (void)x; (void)n; }

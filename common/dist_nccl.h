@@ -18,11 +18,13 @@ static void dist_nccl_check(ncclResult_t r, const char *what) {
     }
 }
 
-// Read rank and world from the environment; with the NCCL path, pick this
-// rank's GPU and join the communicator. Call before any other CUDA work.
-static void dist_start(Dist *d) {
+// Read rank and world from the environment and check that a step of
+// total_batch tokens splits over them (dist_check_batch); with the NCCL path,
+// pick this rank's GPU and join the communicator. Call before any other CUDA work.
+static void dist_start(Dist *d, long total_batch, int B, int T) {
     double started = (double)time(NULL);
     dist_env(d);
+    dist_check_batch(d, total_batch, B, T);
     if (!d->nccl) { return; }
     // NVLink multicast (NVLS) stays off unless the caller chose otherwise
     if (getenv("NCCL_NVLS_ENABLE") == NULL) { setenv("NCCL_NVLS_ENABLE", "0", 1); }

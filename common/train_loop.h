@@ -91,8 +91,7 @@ static int train_main(int argc, char **argv) {
     int B = args.B, T = cfg->T;
     int accum = (int)(args.total_batch / ((long)B * T));
     Dist dist;
-    dist_start(&dist);   // before device_init: picks this rank's GPU
-    dist_check_batch(&dist, args.total_batch, B, T);
+    dist_start(&dist, args.total_batch, B, T);   // before device_init: picks this rank's GPU
     int rank0 = dist.rank == 0;   // the only rank that logs, samples and saves
     char desc[256];
     device_init(desc, sizeof(desc));

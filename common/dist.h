@@ -4,9 +4,12 @@
 // Launch: N processes started by `mpirun -np N` (rank and world size from
 // Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, or MPICH's PMI_RANK /
 // PMI_SIZE / MPI_LOCALRANKID) or by a launcher that sets RANK / WORLD_SIZE /
-// LOCAL_RANK (torchrun, or a shell loop); the first set found counts. No variable set: one process, as before. MHAR_DIST=1 takes the NCCL
-// path even with one rank (to check that path against the plain one);
-// MHAR_DIST=0 refuses a multi-rank environment. Ranks find each other through
+// LOCAL_RANK (torchrun, or a shell loop); the first set found counts. No
+// variable set: one process, as before. mpirun and torchrun stop every rank
+// when one fails; ranks started by hand wait in their next collective for a
+// rank that died, until killed. MHAR_DIST=1 takes the NCCL path even with one
+// rank (to check that path against the plain one); MHAR_DIST=0 refuses a
+// multi-rank environment. Ranks find each other through
 // NCCL's unique id, which rank 0 writes to a file the others wait for:
 // MHAR_DIST_ID_FILE, by default ${TMPDIR:-/tmp}/mhar_nccl_<parent pid>_<world>.id
 // (the ranks of one launcher on one machine share their parent; across

@@ -524,6 +524,39 @@ static Config gpu_layout_config_L(int C, int H, int L) {
 }
 static Config gpu_layout_config(int C, int H) { return gpu_layout_config_L(C, H, 2); }
 
+// Moderate parameters (see above), in place of model_randomize.
+static void gpu_test_params(Model *m, uint64_t seed) {
+    const Config *c = &m->cfg;
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
+    real *p = m->params_mem;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+        for (size_t i = 0; i < m->sizes[ti]; i++) {
+            double z = rng_normal(&rng);
+            if (ti == P_RQ) { p[i] = (real)(z / sqrt((double)c->C / c->H)); }
+            else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
+                p[i] = (real)(1 + 0.1 * z);
+            } else if (ti == P_WTE && i >= (size_t)c->V * c->C) { p[i] = 0; }   // padding rows
+            else { p[i] = (real)(0.1 * z); }
+        }
+        p += m->sizes[ti];
+    }
+}
+
+// The inputs of a GPU comparison: a batch of N = 2 T random tokens and targets (in, tg, drawn from
+// *rng), and the CPU model m with moderate random parameters (gpu_test_params) rounded to float32,
+// which pf (float) holds for the GPU side. The caller frees in, tg, pf and m.
+static void gpu_test_inputs(const Config *cfg, uint64_t *rng, int **in, int **tg, Model *m, float **pf) {
+    size_t N = (size_t)2 * cfg->T;
+    *in = (int *)malloc_check(N * sizeof(int));
+    *tg = (int *)malloc_check(N * sizeof(int));
+    random_tokens(*in, N, cfg->V, rng);
+    random_tokens(*tg, N, cfg->V, rng);
+    model_build(m, cfg, 42, 0.02f);
+    gpu_test_params(m, 4321);
+    *pf = (float *)malloc_check(m->nparams * sizeof(float));
+    for (size_t i = 0; i < m->nparams; i++) { (*pf)[i] = (float)m->params_mem[i]; m->params_mem[i] = (*pf)[i]; }
+}
+
 #ifdef MHAR_GPU
 #include "common/gpu_api.h"
 #include "kernels/route_forward.cuh"   // without nvcc: route_fwd_plan only
@@ -589,24 +622,6 @@ typedef struct {
     double tol_loss, tol_logits, tol_grad, tol_train;   // set in check_gpu from measurements
 } GpuPrecision;
 
-// Moderate parameters (see above), in place of model_randomize.
-static void gpu_test_params(Model *m, uint64_t seed) {
-    const Config *c = &m->cfg;
-    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
-    real *p = m->params_mem;
-    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
-        for (size_t i = 0; i < m->sizes[ti]; i++) {
-            double z = rng_normal(&rng);
-            if (ti == P_RQ) { p[i] = (real)(z / sqrt((double)c->C / c->H)); }
-            else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
-                p[i] = (real)(1 + 0.1 * z);
-            } else if (ti == P_WTE && i >= (size_t)c->V * c->C) { p[i] = 0; }   // padding rows
-            else { p[i] = (real)(0.1 * z); }
-        }
-        p += m->sizes[ti];
-    }
-}
-
 // max |g - c| / max |c| over n entries
 static double rel_err(const float *g, const real *c, size_t n) {
     double num = 0, den = 0;
@@ -615,21 +630,6 @@ static double rel_err(const float *g, const real *c, size_t n) {
         den = fmax(den, fabs((double)c[i]));
     }
     return num / fmax(den, 1e-30);
-}
-
-// The inputs of a GPU comparison: a batch of N = 2 T random tokens and targets (in, tg, drawn from
-// *rng), and the CPU model m with moderate random parameters (gpu_test_params) rounded to float32,
-// which pf (float) holds for the GPU side. The caller frees in, tg, pf and m.
-static void gpu_test_inputs(const Config *cfg, uint64_t *rng, int **in, int **tg, Model *m, float **pf) {
-    size_t N = (size_t)2 * cfg->T;
-    *in = (int *)malloc_check(N * sizeof(int));
-    *tg = (int *)malloc_check(N * sizeof(int));
-    random_tokens(*in, N, cfg->V, rng);
-    random_tokens(*tg, N, cfg->V, rng);
-    model_build(m, cfg, 42, 0.02f);
-    gpu_test_params(m, 4321);
-    *pf = (float *)malloc_check(m->nparams * sizeof(float));
-    for (size_t i = 0; i < m->nparams; i++) { (*pf)[i] = (float)m->params_mem[i]; m->params_mem[i] = (*pf)[i]; }
 }
 
 static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P, int steps) {
@@ -753,7 +753,8 @@ static void check_gpu_trainer_binaries(void) {
 }
 
 // One entry of check_gpu's list (fields below, where the list is)
-typedef struct { const char *name; Config cfg; int tiny, steps, quick; } GpuCase;
+// deep: the bf16 forward/backward tolerances times 4 (see the "C=256 L=17" case)
+typedef struct { const char *name; Config cfg; int tiny, steps, quick, deep; } GpuCase;
 
 // Precision p (0: fp32, 1: bf16) of case gc, unless the quick subset leaves it out; its name gets suffix
 static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const GpuPrecision *flash, int p, int quick,
@@ -761,7 +762,9 @@ static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const G
     if (quick && !(gc->quick == 1 || (gc->quick == 2 && p == 1))) { return; }
     char name[64];
     snprintf(name, sizeof(name), "%s%s", gc->name, suffix);
-    check_gpu_model(name, gc->cfg, gc->tiny ? &precs[p] : &flash[p], quick ? 2 : gc->steps);
+    GpuPrecision P = gc->tiny ? precs[p] : flash[p];
+    if (gc->deep && p == 1) { P.tol_loss *= 4; P.tol_logits *= 4; P.tol_grad *= 4; }
+    check_gpu_model(name, gc->cfg, &P, quick ? 2 : gc->steps);
 }
 
 static void check_gpu(void) {
@@ -854,7 +857,13 @@ static void check_gpu(void) {
         {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0},
         {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0},
         {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0},
-        {"C=256 L=17", gpu_layout_config_L(256, 1, 17), 0, 2, 0},
+        // 34 sublayers of gpu_test_params' N(0, 0.1^2) matrices amplify any perturbation:
+        // dev/loss_sensitivity measures what one bf16 rounding of the parameters alone does to
+        // this check's float64 side (4 seeds): loss up to 1.8e-3, logits 9.6e-2, gradients 2.9e-1
+        // (C=512 H=8 at L=2: 1.4e-3, 2.3e-2, 4.5e-2). The H200 measured 2.3e-3, 1.3e-1, 2.1e-1 in
+        // bf16, so bf16 gets 4x the layout tolerances here; its training steps (from the 0.02
+        // initialisation) keep theirs.
+        {"C=256 L=17", gpu_layout_config_L(256, 1, 17), 0, 2, 0, 1},
     };
     const int ncases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int p = 0; p < 2; p++) {

@@ -191,27 +191,35 @@ static void crc32c_init(void) {
 #include <nmmintrin.h>
 #endif
 
+// the portable path: 8 bytes a step through the 8 tables
+static uint32_t crc32c_update_table(uint32_t crc, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint32_t c = ~crc;
+    if (!crc32c_ready) { crc32c_init(); }
+    for (; n >= 8; n -= 8, p += 8) {   // the word is read little-endian, as the tables expect
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        c = crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff] ^ crc32c_table[5][(lo >> 16) & 0xff] ^
+            crc32c_table[4][lo >> 24] ^ crc32c_table[3][p[4]] ^ crc32c_table[2][p[5]] ^ crc32c_table[1][p[6]] ^
+            crc32c_table[0][p[7]];
+    }
+    for (; n > 0; n--, p++) { c = (c >> 8) ^ crc32c_table[0][(c ^ *p) & 0xff]; }
+    return ~c;
+}
+
 static uint32_t crc32c_update(uint32_t crc, const void *data, size_t n) {
+#if defined(__SSE4_2__) && defined(__x86_64__)
     const unsigned char *p = (const unsigned char *)data;
     uint64_t c = ~crc & 0xffffffffu;
-#if defined(__SSE4_2__) && defined(__x86_64__)
     for (; n >= 8; n -= 8, p += 8) {
         uint64_t w;
         memcpy(&w, p, 8);
         c = _mm_crc32_u64(c, w);
     }
     for (; n > 0; n--, p++) { c = _mm_crc32_u8((uint32_t)c, *p); }
-#else
-    if (!crc32c_ready) { crc32c_init(); }
-    for (; n >= 8; n -= 8, p += 8) {   // little-endian word, as the table expects
-        uint32_t lo = (uint32_t)c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        c = crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff] ^ crc32c_table[5][(lo >> 16) & 0xff] ^
-            crc32c_table[4][lo >> 24] ^ crc32c_table[3][p[4]] ^ crc32c_table[2][p[5]] ^ crc32c_table[1][p[6]] ^
-            crc32c_table[0][p[7]];
-    }
-    for (; n > 0; n--, p++) { c = (c >> 8) ^ crc32c_table[0][(c ^ *p) & 0xff]; }
-#endif
     return ~(uint32_t)c;
+#else
+    return crc32c_update_table(crc, data, n);
+#endif
 }
 
 // ---------------------------------------------------------------------------

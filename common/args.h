@@ -137,7 +137,7 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
         INT_FLAG("b", a->B, 1, 1 << 20)
         else if (strcmp(f, "d") == 0) { a->total_batch = (long)parse_int_flag("d", v, 1, 1ll << 40); d_given = 1; }
         INT_FLAG("n", a->steps, 1, INT_MAX - 1)
-        REAL_FLAG("lr", a->lr, 0, 1, 1e30, 0) INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
+        REAL_FLAG("lr", a->lr, 0, 0, 1e30, 0) INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
         REAL_FLAG("lr_min", a->lr_min_frac, 0, 0, 1, 0)
         REAL_FLAG("wd", a->wd, 0, 0, 1e30, 0) REAL_FLAG("beta1", a->beta1, 0, 0, 1, 1)
         REAL_FLAG("beta2", a->beta2, 0, 0, 1, 1)

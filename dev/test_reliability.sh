@@ -75,7 +75,7 @@ expect_fail "-S 100 (L=2: 4 sublayers)" "S=100 sublayers per block is out of ran
 expect_fail "-V 2147483647 (overflowed Vp)" "-V 2147483647 is out of range" -V 2147483647
 expect_fail "-lr nan" "-lr 'nan' is not a finite number" -lr nan
 expect_fail "-lr inf" "-lr 'inf' is not a finite number" -lr inf
-expect_fail "-lr 0" "-lr 0 is out of range" -lr 0
+expect_fail "-lr -1" "-lr -1 is out of range" -lr -1
 expect_fail "-eps 0 (0/0 in AdamW)" "-eps 0 is out of range" -eps 0
 expect_fail "-seed -1" "-seed '-1' is not an integer" -seed -1
 expect_fail "-overwrite 2" "-overwrite 2 is out of range" -overwrite 2

@@ -82,7 +82,9 @@ static void ckpt_locate(const Config *c, int content, size_t k, const char **cop
 // header). Returns the CRC; *bad is the index of the first non-finite value, or
 // SIZE_MAX. Dies naming path when the file cannot be read.
 static uint32_t ckpt_scan(FILE *f, const char *path, int elem, size_t *bad) {
-    const size_t chunk = 1 << 20;   // a multiple of 8, so no value straddles two chunks
+    struct stat st;
+    size_t chunk = 1 << 20;   // a multiple of 8, so no value straddles two chunks
+    if (fstat(fileno(f), &st) == 0 && (size_t)st.st_size < chunk) { chunk = ((size_t)st.st_size + 8) / 8 * 8; }
     unsigned char *buf = (unsigned char *)malloc(chunk);
     if (buf == NULL) { fclose(f); die("out of memory reading %s", path); }
     uint32_t crc = 0;

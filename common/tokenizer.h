@@ -111,6 +111,12 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
     fseek(f, start, SEEK_SET);
     if (start < 0 || end < start) { fclose(f); tokenizer_fail_(path, "cannot tell its size"); }
     size_t rest = (size_t)(end - start);
+    if (rest / 4 < vocab) {   // every token has at least its 4-byte length: refuse before allocating for vocab ids
+        fclose(f);
+        snprintf(msg, sizeof msg, "truncated: %u tokens need at least %llu bytes after the header, it has %zu", vocab,
+                 4ull * vocab, rest);
+        tokenizer_fail_(path, msg);
+    }
     unsigned char *body = (unsigned char *)malloc(rest ? rest : 1);
     tok->offset = (size_t *)malloc(((size_t)vocab + 1) * sizeof(size_t));
     if (!body || !tok->offset) { fclose(f); free(body); tokenizer_free(tok); tokenizer_fail_(path, "out of memory"); }

@@ -49,7 +49,12 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
 # gradients and of the optimiser steps, the plots and the routing probe, and test_mhar last (its final line is the summary).
-test: deps train_mhar test_mhar train_mhar_asan dev/mhar_grads dev/route_probe dev/loss_sensitivity fuzz-build
+# what make test builds, compiled in parallel on every core before the tests run one by one
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+TEST_BINS = train_mhar test_mhar train_mhar_asan dev/mhar_grads dev/route_probe dev/loss_sensitivity $(FUZZ_BINS) \
+            $(DATA_PREP_TEST_DEPS)
+test: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS)
 	@$(if $(WITH_GPU),:,echo "make test: $(NO_GPU_WHY); the CUDA trainer, its GPU checks and the lab self-tests are not built here (make cuda-build lab-selftest builds and runs what needs only nvcc; .ci/run does)")
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test

@@ -23,6 +23,12 @@ It ends with "N passed, N failed" and exits non-zero on any failure.
 
 static int passed = 0, failed = 0;
 
+// The larger of a and b, and NaN when either is NaN: fmax drops a NaN, so an
+// error accumulated with fmax would let an all-NaN result pass. Every error
+// in this file accumulates with max_nan, and every check is "err < tol",
+// which a NaN fails.
+static double max_nan(double a, double b) { return isnan(a) || isnan(b) ? NAN : (a > b ? a : b); }
+
 static void check(int ok, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -101,7 +107,7 @@ static void check_gradients(const char *name, Config cfg) {
         double lm = loss_at(&m, in, tg, B, T);
         for (size_t i = 0; i < n; i++) { p[i] += FD_EPS * dir[i]; }
         double fd = (lp - lm) / (2 * FD_EPS);
-        double dir_err = fabs(fd - an) / fmax(fmax(fabs(fd), fabs(an)), 1e-6);
+        double dir_err = fabs(fd - an) / max_nan(max_nan(fabs(fd), fabs(an)), 1e-6);
         // per element, on a sample of 6 elements
         double el_err = 0;
         for (int s = 0; s < 6; s++) {
@@ -111,12 +117,11 @@ static void check_gradients(const char *name, Config cfg) {
             p[i] = keep - FD_EPS; double l2 = loss_at(&m, in, tg, B, T);
             p[i] = keep;
             double fde = (l1 - l2) / (2 * FD_EPS);
-            double e = fabs(fde - g[i]) / fmax(fmax(fabs(fde), fabs(g[i])), 1e-6);
-            if (e > el_err) { el_err = e; }
+            double e = fabs(fde - g[i]) / max_nan(max_nan(fabs(fde), fabs(g[i])), 1e-6);
+            el_err = max_nan(el_err, e);
         }
         printf("  %-12s %-6s %12.2e %12.2e\n", "", param_names[ti], dir_err, el_err);
-        double w = fmax(dir_err, el_err);
-        if (w > worst_all) { worst_all = w; }
+        worst_all = max_nan(worst_all, max_nan(dir_err, el_err));
         if (!(dir_err < FD_TOL && el_err < FD_TOL)) {
             check(0, "gradient of %s in %s: relative error %.2e / %.2e over %.0e", param_names[ti], name,
                   dir_err, el_err, FD_TOL);
@@ -232,8 +237,8 @@ static void check_naive(const char *name, Config cfg) {
     model_forward(&m, in, tg, B, T, 0);
     double worst = 0;
     for (size_t i = 0; i < N * cfg.V; i++) {
-        double e = fabs(m.acts.logits[i] - nl[i]) / fmax(fabs(nl[i]), 1.0);
-        if (e > worst) { worst = e; }
+        double e = fabs(m.acts.logits[i] - nl[i]) / max_nan(fabs(nl[i]), 1.0);
+        worst = max_nan(worst, e);
     }
     // both in double, different summation orders: agreement to ~1e-14
     check(fabs(m.loss - naive) < 1e-10 && worst < 1e-10,
@@ -266,12 +271,41 @@ static void check_zero_query_average(void) {
         for (int c = 0; c < C; c++) {
             double mean = 0;
             for (int i = 0; i < n; i++) { mean += slots[(i * N + t) * C + c] / n; }
-            worst = fmax(worst, fabs(out[t * C + c] - mean));
+            worst = max_nan(worst, fabs(out[t * C + c] - mean));
         }
     }
-    for (size_t i = 0; i < N * H * n; i++) { worst = fmax(worst, fabs(a[i] - 1.0 / n)); }
+    for (size_t i = 0; i < N * H * n; i++) { worst = max_nan(worst, fabs(a[i] - 1.0 / n)); }
     check(worst < 1e-14, "zero routing queries give the uniform average of the sources (max error %.1e)", worst);
     free(slots);
+}
+
+// Helpers of the reliability work: the checkpoint checksum (both code paths),
+// the whole-UTF-8 printing of samples, and max_nan itself.
+static void check_helpers(void) {
+    unsigned char buf[100003];
+    uint64_t rng = 3;
+    for (size_t i = 0; i < sizeof(buf); i++) { buf[i] = (unsigned char)rng_u32(&rng); }
+    int agree = 1;
+    for (size_t len = 0; len < 40; len++) {   // every alignment and tail length, then a long buffer in two parts
+        agree = agree && crc32c_update(0, buf + len % 8, len) == crc32c_update_table(0, buf + len % 8, len);
+    }
+    uint32_t whole = crc32c_update(0, buf, sizeof(buf));
+    agree = agree && whole == crc32c_update_table(crc32c_update_table(0, buf, 777), buf + 777, sizeof(buf) - 777);
+    check(crc32c_update(0, "123456789", 9) == 0xE3069283u && crc32c_update_table(0, "123456789", 9) == 0xE3069283u &&
+          agree, "CRC-32C: the check value of \"123456789\" is 0xE3069283 on both paths, which agree on 40 "
+          "alignments and a 100 KB buffer in two parts");
+    struct { const char *s; size_t whole; } u[] = {
+        {"ab", 2}, {"a\xe2\x82", 1}, {"\xe2\x82\xac", 3}, {"\xc3\xa9\xf0\x9f\x98", 2}, {"\xf0\x9f\x98\x80", 4},
+        {"\xc3x", 2}, {"\x80\x80", 2}, {"\xe2\x82x", 3}, {"", 0}};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(u) / sizeof(u[0]); i++) {
+        size_t got = utf8_whole_prefix((const unsigned char *)u[i].s, strlen(u[i].s));
+        if (got != u[i].whole) { ok = 0; printf("  utf8_whole_prefix case %zu: %zu, want %zu\n", i, got, u[i].whole); }
+    }
+    check(ok, "samples print whole UTF-8 characters: an unfinished one waits for the next token, a broken byte "
+          "prints at once (9 cases)");
+    check(isnan(max_nan(0.5, NAN)) && isnan(max_nan(NAN, 0.5)) && !(max_nan(0, NAN) < 1) && max_nan(1, 2) == 2,
+          "max_nan keeps a NaN (fmax drops it), so an error accumulated over a NaN result fails its check");
 }
 
 // ----------------------------------------------------------------------------
@@ -438,6 +472,15 @@ static void check_trainer_binary(void) {
     free(tok);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
+// Why this machine cannot run the GPU checks, in plain words, or NULL when it
+// may: no NVIDIA device node means no GPU (or none given to this container).
+static const char *gpu_absent_why(void) {
+    if (access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0) {
+        return "no GPU on this machine (no /dev/nvidia* device)";
+    }
+    return NULL;
 }
 
 // ----------------------------------------------------------------------------
@@ -626,10 +669,10 @@ typedef struct {
 static double rel_err(const float *g, const real *c, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
-        num = fmax(num, fabs((double)g[i] - (double)c[i]));
-        den = fmax(den, fabs((double)c[i]));
+        num = max_nan(num, fabs((double)g[i] - (double)c[i]));
+        den = max_nan(den, fabs((double)c[i]));
     }
-    return num / fmax(den, 1e-30);
+    return num / max_nan(den, 1e-30);
 }
 
 static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P, int steps) {
@@ -657,7 +700,7 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         if (m.sizes[ti] > 0) {
             double e = rel_err(ggrads + off, m.grads_mem + off, m.sizes[ti]);
-            if (e > worst) { worst = e; worst_name = param_names[ti]; }
+            if (!(e <= worst)) { worst = e; worst_name = param_names[ti]; }   // (NaN: worst)
         }
         off += m.sizes[ti];
     }
@@ -681,7 +724,7 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
         cpu_train_step(&c, in, tg, B, T, lr, step);
         lastc = c.loss;
         if (step == 0) { firstc = lastc; }
-        terr = fmax(terr, fabs(lastg - lastc) / fabs(lastc));
+        terr = max_nan(terr, fabs(lastg - lastc) / fabs(lastc));
     }
     check(terr < P->tol_train && (steps < 10 || lastc < firstc),
           "GPU %s %-10s %d AdamW steps: loss %.6f -> %.6f (GPU %.6f), worst step rel %.1e (tol %.2g)",
@@ -726,7 +769,7 @@ static void check_gpu_trainer_binaries(void) {
     // 1.2e-7 for the crossed-over checkpoints below; tolerance 1e-5.
     double worst = nl[2] == 20 && nl[3] == 20 ? 0 : 1;
     for (int i = 0; i < 20 && nl[2] == 20 && nl[3] == 20; i++) {
-        worst = fmax(worst, fabs(atof(l[2][i]) - atof(l[3][i])) / fabs(atof(l[3][i])));
+        worst = max_nan(worst, fabs(atof(l[2][i]) - atof(l[3][i])) / fabs(atof(l[3][i])));
     }
     check(rc == 0 && worst < 1e-5, "GPU fp32 trainer follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
           nl[2] == 20 ? l[2][19] : "?", nl[3] == 20 ? l[3][19] : "?", worst);
@@ -743,8 +786,8 @@ static void check_gpu_trainer_binaries(void) {
     nx[1] = read_losses(path, x[1], 64);
     worst = nx[0] == 10 && nx[1] == 10 && nl[3] == 20 && nl[2] == 20 ? 0 : 1;
     for (int i = 0; i < 10 && worst < 1; i++) {
-        worst = fmax(worst, fabs(atof(x[0][i]) - atof(l[3][10 + i])) / fabs(atof(l[3][10 + i])));
-        worst = fmax(worst, fabs(atof(x[1][i]) - atof(l[2][10 + i])) / fabs(atof(l[2][10 + i])));
+        worst = max_nan(worst, fabs(atof(x[0][i]) - atof(l[3][10 + i])) / fabs(atof(l[3][10 + i])));
+        worst = max_nan(worst, fabs(atof(x[1][i]) - atof(l[2][10 + i])) / fabs(atof(l[2][10 + i])));
     }
     check(rc == 0 && worst < 1e-5, "checkpoints cross over: GPU fp32 resumed from the CPU's step 10 and CPU from the GPU's "
           "continue like the runs that saved them (worst rel %.1e)", worst);
@@ -770,8 +813,15 @@ static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const G
 static void check_gpu(void) {
     check_fwd_plan();   // the CUDA trainer's planner (host code, no device needed)
     char why[256] = "";
+    const char *absent = gpu_absent_why();
+    if (absent != NULL) {   // before asking CUDA, whose error without a driver blames the driver version
+        printf("SKIP GPU checks: %s\n", absent);
+        return;
+    }
     if (mhar_gpu_fp32_device_check(why, sizeof(why)) == 0) {
-        printf("SKIP GPU checks: no CUDA device (%s)\n", why);
+        int driver = access("/proc/driver/nvidia/version", F_OK) == 0;
+        printf("SKIP GPU checks: no usable CUDA device (CUDA says: %s%s)\n", why,
+               driver ? "" : "; no NVIDIA kernel driver seems loaded: /proc/driver/nvidia/version is absent");
         return;
     }
     printf("== 4. the CUDA trainer against this reference ==\n");
@@ -892,14 +942,17 @@ int main(void) {
     check_naive("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
     check_naive("block S=3 H=1", tiny_config(RES_MHAR, 1, 3));
     check_zero_query_average();
+    check_helpers();
 
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();
 
 #ifdef MHAR_GPU
     check_gpu();
+#elif defined(MHAR_NO_GPU_WHY)
+    printf("SKIP GPU checks: built without them: %s\n", MHAR_NO_GPU_WHY);
 #else
-    printf("SKIP GPU checks: built without nvcc\n");
+    printf("SKIP GPU checks: built without them (built without nvcc)\n");
 #endif
 
     printf("%d passed, %d failed\n", passed, failed);

@@ -7,6 +7,15 @@
 
 enum { RES_STD = 0, RES_MHAR = 1 };   // residual mode (SPEC section 4)
 
+// Upper bounds of the sizes, from flags or a checkpoint header. They keep every
+// size product (Vp*C, L*F*C, B*T*C, ...) far inside size_t and every int
+// field inside int, and are far above any model this project trains.
+#define CONFIG_MAX_V (1 << 24)   // the tokenizer file's limit too
+#define CONFIG_MAX_T (1 << 20)
+#define CONFIG_MAX_L 511
+#define CONFIG_MAX_C (1 << 16)
+#define CONFIG_MAX_F (1 << 20)
+
 typedef struct {
     int V;    // vocabulary size
     int Vp;   // vocabulary padded up to a multiple of 128 (rows of wte)
@@ -55,9 +64,11 @@ static const char *config_mode_name(const Config *c) {
 // Fill the derived fields (HD, Vp) and die with a clear message on any
 // inconsistent value. `where` names the source of the config (flags or a file).
 static void config_finalize(Config *c, const char *where) {
-    if (c->V < 2 || c->T < 1 || c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1) {
-        die("%s: every size must be positive (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d)",
-            where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F);
+    if (c->V < 2 || c->V > CONFIG_MAX_V || c->T < 1 || c->T > CONFIG_MAX_T || c->L < 1 || c->L > CONFIG_MAX_L ||
+        c->C < 1 || c->C > CONFIG_MAX_C || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->F > CONFIG_MAX_F) {
+        die("%s: sizes out of range (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d); allowed: V 2..%d, T 1..%d, L 1..%d, "
+            "C 1..%d, NH and NKV >= 1, F 1..%d", where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F,
+            CONFIG_MAX_V, CONFIG_MAX_T, CONFIG_MAX_L, CONFIG_MAX_C, CONFIG_MAX_F);
     }
     if (c->mode != RES_STD && c->mode != RES_MHAR) {
         die("%s: residual mode %d is unknown; use std, mhar or attnres", where, c->mode);
@@ -77,9 +88,10 @@ static void config_finalize(Config *c, const char *where) {
         die("%s: H=%d does not divide C=%d; routing heads must split the width evenly (try H=1,2,4,8)",
             where, c->H, c->C);
     }
-    if (c->L > 511) { die("%s: L=%d is over the supported 511 blocks", where, c->L); }
-    if (c->S < 1) { die("%s: S=%d; sublayers per block must be at least 1 (1 = full mhar)", where, c->S); }
-    c->Vp = (c->V + 127) / 128 * 128;
+    if (c->S < 1 || c->S > 2 * c->L) {
+        die("%s: S=%d sublayers per block is out of range; use 1 (full mhar) to 2L=%d", where, c->S, 2 * c->L);
+    }
+    c->Vp = (c->V + 127) / 128 * 128;   // no overflow: V <= CONFIG_MAX_V
 }
 
 static void config_print(const Config *c, FILE *f) {

@@ -68,6 +68,22 @@ def rel_err(a, b) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def worst(*errs) -> float:
+    """The largest error; NaN when any is NaN (Python's max would drop it and pass a NaN run)."""
+    errs = [float(e) for e in errs]
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs)
+
+
+def _crc32c_bytewise(data) -> int:
+    """CRC-32C one bit at a time, straight from its definition: the reference for mhar_io.crc32c."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
 class Tally:
     """Counts checks and prints one line per check."""
 
@@ -350,7 +366,7 @@ def self_test(args):
         with torch.no_grad():
             out_s, a, r = spec_route_forward(v, q, gamma, H)
             dq_s, dg_s, dv_s = spec_route_backward(v, q, gamma, H, G, a, r)
-        e = max(rel_err(out.detach(), out_s), rel_err(dq_a, dq_s), rel_err(dg_a, dg_s),
+        e = worst(rel_err(out.detach(), out_s), rel_err(dq_a, dq_s), rel_err(dg_a, dg_s),
                 rel_err(dv_a, dv_s))
         amin, amax = float(a.min()), float(a.max())
         tally.check(f"route n={n} H={H} C={C}", e <= 1e-13,
@@ -382,7 +398,7 @@ def self_test(args):
             e = 0.0
             for l in range(cfg.L):
                 att_ref, mlp_ref = spec_sublayers_literal(model, l, u[0])
-                e = max(e, rel_err(model.attention(l, u)[0], att_ref),
+                e = worst(e, rel_err(model.attention(l, u)[0], att_ref),
                         rel_err(model.mlp(l, u)[0], mlp_ref))
         # measured ~1e-16; 1e-13 as for routing (same operations, different summation order)
         tally.check(f"sublayers NH={NH} NKV={NKV}", e <= 1e-13, f"worst rel {e:.2e}")
@@ -394,13 +410,13 @@ def self_test(args):
     model = _random_model(mhar_io.Config(**base, S=1), args.seed)
     l_full, g_full = _loss_and_grads(model, model._stream_full, idx, tgt)
     l_blk, g_blk = _loss_and_grads(model, lambda x: model._stream_block(x, 1), idx, tgt)
-    e = max([abs(l_full - l_blk) / abs(l_full)] + [rel_err(g_blk[k], g_full[k]) for k in g_full])
+    e = worst(*([abs(l_full - l_blk) / abs(l_full)] + [rel_err(g_blk[k], g_full[k]) for k in g_full]))
     tally.check("block S=1 == full mode", e <= 1e-14, f"worst rel over loss+grads {e:.2e}")
     for S in (2, 3, 4, 7):
         model = _random_model(mhar_io.Config(**base, S=S), args.seed + S)
         l_m, g_m = _loss_and_grads(model, model.stream, idx, tgt)
         l_r, g_r = _loss_and_grads(model, lambda x: block_reference_stream(model, x, S), idx, tgt)
-        e = max([abs(l_m - l_r) / abs(l_r)] + [rel_err(g_m[k], g_r[k]) for k in g_r])
+        e = worst(*([abs(l_m - l_r) / abs(l_r)] + [rel_err(g_m[k], g_r[k]) for k in g_r]))
         tally.check(f"block S={S} == SPEC 5 sources", e <= 1e-14,
                     f"worst rel over loss+grads {e:.2e}")
     # and block mode is not secretly full mode: with S=2 the loss must differ
@@ -512,6 +528,7 @@ def _io_self_test(tally, seed):
         # errors: bad magic, bad version, truncated, inconsistent config, shard mixed up
         good = os.path.join(d, "ck_mhar_0.bin")
         data = bytearray(open(good, "rb").read())
+        ck0 = mhar_io.read_checkpoint(good)
         bad = os.path.join(d, "bad.bin")
 
         def write(b):
@@ -521,9 +538,19 @@ def _io_self_test(tally, seed):
         b = bytearray(data); b[0:4] = b"GPT2"; write(b)
         _expect_error(tally, "error: bad magic", lambda: mhar_io.read_checkpoint(bad),
                       "not an MHAR checkpoint", bad)
-        b = bytearray(data); b[4:8] = np.array([2], "<i4").tobytes(); write(b)
+        b = bytearray(data); b[4:8] = np.array([3], "<i4").tobytes(); write(b)
         _expect_error(tally, "error: bad version", lambda: mhar_io.read_checkpoint(bad),
-                      "version 2", bad)
+                      "version 3", bad)
+        b = bytearray(data); b[-1] ^= 0x10; write(b)
+        _expect_error(tally, "error: one flipped bit fails the checksum", lambda: mhar_io.read_checkpoint(bad),
+                      "checksum mismatch", bad)
+        b = bytearray(data); b[4:8] = np.array([1], "<i4").tobytes(); b[120:124] = b"\0\0\0\0"; write(b)
+        tally.check("version-1 file (no checksum) still reads",
+                    mhar_io.read_checkpoint(bad).params["wte"].shape == ck0.params["wte"].shape, bad)
+        tally.check("crc32c('123456789') == 0xE3069283 (short and lane-split paths agree)",
+                    mhar_io.crc32c(b"123456789") == 0xE3069283 and
+                    mhar_io.crc32c(bytes(range(256)) * 40) == _crc32c_bytewise(bytes(range(256)) * 40),
+                    hex(mhar_io.crc32c(b"123456789")))
         write(data[:-4])
         _expect_error(tally, "error: truncated", lambda: mhar_io.read_checkpoint(bad),
                       "size", bad)

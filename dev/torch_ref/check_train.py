@@ -61,9 +61,17 @@ def lr_at(step, r):
     return lo + 0.5 * (1 + math.cos(math.pi * progress)) * (r["lr"] - lo)
 
 
+def worst(*errs):
+    """The largest error; NaN when any is NaN (Python's max would drop it and pass a NaN run)."""
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs)
+
+
 def rel_err(a, b):
+    """max|a - b| / max|b|; NaN when either holds a NaN (np.max propagates it)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30)) if b.size else 0.0
+    if not b.size:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / worst(float(np.max(np.abs(b))), 1e-30))
 
 
 def check_mode(name, flags, trainer, tmp, results):
@@ -121,15 +129,15 @@ def check_mode(name, flags, trainer, tmp, results):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, r)
         opt.step()
-        worst_loss = max(worst_loss, abs(loss_mean - c_losses[step + 1]) / abs(c_losses[step + 1]))
-        worst_norm = max(worst_norm, abs(norm - c_norms[step + 1]) / c_norms[step + 1])
+        worst_loss = worst(worst_loss, abs(loss_mean - c_losses[step + 1]) / abs(c_losses[step + 1]))
+        worst_norm = worst(worst_norm, abs(norm - c_norms[step + 1]) / c_norms[step + 1])
     results.append((worst_loss < 1e-5, f"{name}: losses of steps 2-{r['steps']} (worst rel {worst_loss:.2e})"))
     results.append((worst_norm < 1e-4, f"{name}: gradient norms of steps 2-{r['steps']} (worst rel {worst_norm:.2e})"))
     results.append((0 < clipped < r["steps"] - 1,
                     f"{name}: clipped and unclipped steps both occur ({clipped} of {r['steps'] - 1} clipped)"))
     state = {n: opt.state[p] for n, p in params.items()}
     for n, p in params.items():
-        e = max(rel_err(p.detach().numpy(), end.params[n]),
+        e = worst(rel_err(p.detach().numpy(), end.params[n]),
                 rel_err(state[n]["exp_avg"].numpy(), end.m[n]),
                 rel_err(state[n]["exp_avg_sq"].numpy(), end.v[n]))
         results.append((e < TOL, f"{name}: {n:5s} parameters, m and v after step {r['steps']} (worst rel {e:.2e})"))

@@ -896,17 +896,17 @@ static void check_gpu(void) {
     // forward fallback with its row ring, "C=256 L=17" (slots read by 33 to 35 sites) the
     // gather fallback with its row ring.
     const GpuCase cases[] = {
-        {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0},
-        {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0},
-        {"mhar H=8", gpu_test_config(RES_MHAR, 8, 1), 1, 10, 0},
-        {"block S=4", gpu_test_config(RES_MHAR, 4, 4), 1, 10, 1},
-        {"HD=64 T=256", gpu_flash_config(64, 4, 2, 256), 0, 5, 0},
-        {"HD=128 T=256", gpu_flash_config(128, 2, 1, 256), 0, 5, 0},
-        {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 0, 5, 2},   // whole and partial tiles
-        {"HD=128 T=150", gpu_flash_config(128, 2, 1, 150), 0, 5, 2},
-        {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0},
-        {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0},
-        {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0},
+        {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0, 0},
+        {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0, 0},
+        {"mhar H=8", gpu_test_config(RES_MHAR, 8, 1), 1, 10, 0, 0},
+        {"block S=4", gpu_test_config(RES_MHAR, 4, 4), 1, 10, 1, 0},
+        {"HD=64 T=256", gpu_flash_config(64, 4, 2, 256), 0, 5, 0, 0},
+        {"HD=128 T=256", gpu_flash_config(128, 2, 1, 256), 0, 5, 0, 0},
+        {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 0, 5, 2, 0},   // whole and partial tiles
+        {"HD=128 T=150", gpu_flash_config(128, 2, 1, 150), 0, 5, 2, 0},
+        {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0, 0},
+        {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0, 0},
+        {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0, 0},
         // 34 sublayers of gpu_test_params' N(0, 0.1^2) matrices amplify any perturbation:
         // dev/loss_sensitivity measures what one bf16 rounding of the parameters alone does to
         // this check's float64 side (4 seeds): loss up to 1.8e-3, logits 9.6e-2, gradients 2.9e-1

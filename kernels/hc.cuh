@@ -9,7 +9,7 @@
 // Shapes: streams X (N, n, C) floatX (a position's n streams adjacent); o, h (N, C) floatX;
 // stream gradients dXp (N, n, C) fp32 (an accumulator across sublayers, fp32 like std's dres);
 // dh (N, C) fp32 (from the pre-norm's backward); the sublayer's dout (N, C) floatX; A (n, n),
-// beta (n), w (n) fp32 on the device (w = softmax(alpha_j), computed by hc_weights).
+// beta (n), w (n) fp32 on the device (hc_prepare makes them from the parameters once per forward).
 // The final read h_final = mean of the streams is the forward with w = 1/n; its backward is
 // the backward with dXp = NULL (zero) and w = 1/n. The first read (X_0 = n copies of the
 // embedding) needs no stream buffer: h_0 = wte[token]; the backward of sublayer 0's read,
@@ -46,9 +46,10 @@ struct __align__(16) HcPackF { float x[8]; };
 
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r (from the rounded Xn, so
 // the backward's recomputation agrees). o = NULL: no update, Xn = X is not written (the read alone).
+// xb = 1: X is (N, C), the n equal streams X_0 = wte[token] (never stored as n copies).
 template <int NS>
 __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
-                                      const float *beta, const float *w, size_t N, int C) {
+                                      const float *beta, const float *w, size_t N, int C, int xb) {
     const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (p >= N) { return; }
@@ -64,7 +65,7 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
         float x[NS][8], ov[8], hv[8];
 #pragma unroll
         for (int s = 0; s < NS; s++) {
-            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (p * NS + s) * C + c0);
+            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
 #pragma unroll
             for (int k = 0; k < 8; k++) { x[s][k] = toF(v.x[k]); }
         }
@@ -102,11 +103,14 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
 // fp32: in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
 // Xprev = NULL: sublayer 0, dout = sum_r dX_0 (the embedding's gradient), nothing else written.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n).
+// X = NULL: sublayer 0's streams, all equal (its dw terms are then left 0: with equal streams
+// every dw[r] is the same, and the softmax's backward of equal dw is exactly 0).
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
 template <int NS>
 __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, float *partial, const float *dXp_in,
                                                const float *dh, const floatX *X, const float *w, const floatX *Xprev,
                                                const floatX *o, const float *A, const float *beta, size_t N, int C,
-                                               int rows_per_part) {
+                                               int rows_per_part, int xpb) {
     constexpr int NP = 2 * NS + NS * NS;
     __shared__ float red[HC_WARPS][NP];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -136,13 +140,14 @@ __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, flo
             for (int k = 0; k < 8; k++) { g[k] = g0.x[k]; }
 #pragma unroll
             for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh;  dw[r] += dh . X_j,r
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(X + (p * NS + r) * C + c0);
                 HcPackF dv;
                 if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * g[k];
-                    dw[r] += g[k] * toF(xv.x[k]);
+                for (int k = 0; k < 8; k++) { d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * g[k]; }
+                if (X) {
+                    HcPackX xv = *reinterpret_cast<const HcPackX *>(X + (p * NS + r) * C + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { dw[r] += g[k] * toF(xv.x[k]); }
                 }
             }
             HcPackX op;
@@ -171,7 +176,7 @@ __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, flo
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
             for (int s = 0; s < NS; s++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (p * NS + s) * C + c0);
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s) * C) + c0);
                 HcPackF out;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -216,13 +221,24 @@ __global__ void hc_reduce_kernel(float *dw, float *dA, float *dbeta, const float
     else if (dbeta) { dbeta[i - n - n * n] += s; }
 }
 
-// w (n) = softmax(alpha (n)); one thread (n is small)
-__global__ void hc_weights_kernel(float *w, const float *alpha, int n) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) { return; }
+// Once per forward, from the model's parameters (floatX in the trainer, so any Tp): the fp32
+// values the kernels read. w (2L+1, n): row j < 2L = softmax(alpha_j), row 2L = 1/n (the final
+// mean); A32 (2L, n, n), beta32 (2L, n) = A, beta as fp32. One thread per sublayer row.
+template <typename Tp>
+__global__ void hc_prepare_kernel(float *w, float *A32, float *beta32, const Tp *alpha, const Tp *A, const Tp *beta,
+                                  int J2, int n) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j > J2) { return; }
+    float *wj = w + (size_t)j * n;
+    if (j == J2) {
+        for (int r = 0; r < n; r++) { wj[r] = 1.0f / n; }
+        return;
+    }
     float m = -INFINITY, s = 0.0f;
-    for (int r = 0; r < n; r++) { m = fmaxf(m, alpha[r]); }
-    for (int r = 0; r < n; r++) { w[r] = expf(alpha[r] - m); s += w[r]; }
-    for (int r = 0; r < n; r++) { w[r] /= s; }
+    for (int r = 0; r < n; r++) { m = fmaxf(m, toF(alpha[(size_t)j * n + r])); }
+    for (int r = 0; r < n; r++) { wj[r] = expf(toF(alpha[(size_t)j * n + r]) - m); s += wj[r]; }
+    for (int r = 0; r < n; r++) { wj[r] /= s; beta32[(size_t)j * n + r] = toF(beta[(size_t)j * n + r]); }
+    for (int i = 0; i < n * n; i++) { A32[(size_t)j * n * n + i] = toF(A[(size_t)j * n * n + i]); }
 }
 
 // dalpha (n) += w (dw - sum_t w_t dw_t); one thread
@@ -246,13 +262,15 @@ template <typename F> static void hc_dispatch(int n, F f) {
 }
 
 // Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r.
-// o = NULL: the read alone (h = sum_r w[r] X_r; Xn unused).
+// o = NULL: the read alone (h = sum_r w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C),
+// standing for the n equal streams X_0 (j = 0).
 static void hc_update_read_forward(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
-                                   const float *beta, const float *w, size_t N, int C, int n, cudaStream_t st = 0) {
+                                   const float *beta, const float *w, size_t N, int C, int n, int xb = 0,
+                                   cudaStream_t st = 0) {
     if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
     hc_dispatch(n, [&](auto ns) {
         hc_update_read_kernel<decltype(ns)::value><<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(
-            Xn, h, X, o, A, beta, w, N, C);
+            Xn, h, X, o, A, beta, w, N, C, xb);
     });
     launchCheck();
 }
@@ -265,28 +283,32 @@ static size_t hc_partial_floats(size_t N, int n) {
 // Backward of the read of sublayer j and the update of sublayer j-1 (top of file), then the
 // deterministic sums: dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n) += (any may be NULL: not kept).
 // dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
-// Xprev = NULL: sublayer 0; dout = the embedding's gradient sum_r dX_0.
-// partial: hc_partial_floats(N, n) floats of scratch.
+// Xprev = NULL: sublayer 0; dout = the embedding's gradient sum_r dX_0 (pass X = NULL, dw = NULL:
+// its streams are equal, so dalpha_0 is 0). xpb = 1: Xprev is the embedding (N, C) standing for
+// X_0 (j = 1). partial: hc_partial_floats(N, n) floats of scratch.
 static void hc_read_update_backward(float *dXp_out, floatX *dout, float *dw, float *dA, float *dbeta, float *partial,
                                     const float *dXp_in, const float *dh, const floatX *X, const float *w,
                                     const floatX *Xprev, const floatX *o, const float *A, const float *beta,
-                                    size_t N, int C, int n, cudaStream_t st = 0) {
+                                    size_t N, int C, int n, int xpb = 0, cudaStream_t st = 0) {
     if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows);
     hc_dispatch(n, [&](auto ns) {
         hc_read_update_backward_kernel<decltype(ns)::value><<<P, 32 * HC_WARPS, 0, st>>>(
-            dXp_out, dout, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows);
+            dXp_out, dout, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows, xpb);
     });
     launchCheck();
     hc_reduce_kernel<<<1, 128, 0, st>>>(dw, dA, dbeta, partial, P, n);
     launchCheck();
 }
 
-// w (n) = softmax(alpha); dalpha += its backward given dw
-static void hc_weights_forward(float *w, const float *alpha, int n, cudaStream_t st = 0) {
-    hc_weights_kernel<<<1, 32, 0, st>>>(w, alpha, n);
+// w (2L+1, n), A32 (2L, n, n), beta32 (2L, n) fp32 from the parameters alpha, A, beta (2L = J2 sublayers)
+template <typename Tp>
+static void hc_prepare(float *w, float *A32, float *beta32, const Tp *alpha, const Tp *A, const Tp *beta, int J2,
+                       int n, cudaStream_t st = 0) {
+    hc_prepare_kernel<Tp><<<ceil_div(J2 + 1, 32), 32, 0, st>>>(w, A32, beta32, alpha, A, beta, J2, n);
     launchCheck();
 }
+// dalpha (n) += w (dw - sum_t w_t dw_t): the softmax's backward of one sublayer, given its dw (fp32)
 static void hc_weights_backward(float *dalpha, const float *dw, const float *w, int n, cudaStream_t st = 0) {
     hc_weights_backward_kernel<<<1, 32, 0, st>>>(dalpha, dw, w, n);
     launchCheck();

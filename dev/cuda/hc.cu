@@ -34,7 +34,10 @@ Versions:
       dh, X_j, dX_j, X_{j-1}, o_{j-1} again) and the reduction.
   v2  kernels/hc.cuh: one warp per position, 16-byte packs, the n x n mix in registers; the
       update and the next read in one pass (fwd); the read's backward, the update's backward
-      and the parameter sums in one pass (bwd), then the reduction.
+      and the parameter sums in one pass (bwd), then the reduction. --check of v2 also runs
+      the trainer's edge paths (check_edges: X_0 as the embedding alone, the final site, the
+      first sublayer). ptxas (sm_90a): n = 4 fwd 72 and bwd 128 registers, no spills; the bwd
+      at n = 8 uses 255 registers and spills 712 bytes (correct, slower; 100m runs n = 4).
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op:
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -366,6 +369,73 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
     return ok;
 }
 
+// v2's trainer paths beside the op above (kernels/hc.cuh): the forward of sublayer 0's update
+// from the embedding alone (xb: the n equal streams X_0 never stored), the final site's backward
+// (dXp_in = NULL), the update of sublayer 0 in the backward (xpb: Xprev = the embedding), and
+// sublayer 0's read backward (Xprev = X = NULL: dout = sum_r dX_0, the embedding's gradient).
+static bool check_edges(uint64_t seed) {
+    bool ok = true;
+    const Shape s = {300, 512, 4};
+    Inputs in = make_inputs(s, seed + 99);
+    size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
+    int n = s.n;
+    // X_0: stream 0 of X copied into every stream (host), and as one (N, C) row (device)
+    std::vector<float> x0(NC), X0(NS);
+    for (size_t p = 0; p < s.N; p++) {
+        for (int c = 0; c < s.C; c++) {
+            x0[p * s.C + c] = in.X[(p * n) * s.C + c];
+            for (int r = 0; r < n; r++) { X0[(p * n + r) * s.C + c] = x0[p * s.C + c]; }
+        }
+    }
+    Dev d = dev_make(s, in);
+    floatX *dx0 = upload<floatX>(x0);
+    std::vector<double> Xn(NS), h(NC), dXn(NS), dout(NC), dw(n), dA(n * n), db(n);
+    auto zero_grads = [&]() { zero(d.dw, n * 4); zero(d.dA, n * n * 4); zero(d.dbeta, n * 4); };
+    auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
+                         std::fill(db.begin(), db.end(), 0.0); };
+    printf("edges v2 N=%zu C=%d n=%d:", s.N, s.C, n);
+    // 1. forward from the embedding (xb = 1)
+    hc_update_read_forward(d.Xn, d.h, dx0, d.o, d.A, d.beta, d.w, s.N, s.C, n, 1);
+    ref_forward(D(X0).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, s.C, n, true,
+                Xn.data(), h.data());
+    ok &= compare("xb:Xn", bytes_bf16_to_f(fetch_bytes(d.Xn, NS * 2)), Xn, 1.0 / 256, 1e-6);
+    ok &= compare("xb:h", bytes_bf16_to_f(fetch_bytes(d.h, NC * 2)), h, 1.0 / 128, 1.0 / 256);
+    // 2. the final site: dXp_in = NULL (zero)
+    std::vector<double> zeros(NS, 0.0);
+    zero_grads(); clear();
+    hc_read_update_backward(d.dXtmp, d.dout, d.dw, d.dA, d.dbeta, d.partial, NULL, d.dh, d.X, d.w, d.Xprev, d.o,
+                            d.Aprev, d.bprev, s.N, s.C, n);
+    ref_backward(zeros.data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(), D(in.Xprev).data(), D(in.o).data(),
+                 D(in.Aprev).data(), D(in.bprev).data(), s.N, s.C, n, dXn.data(), dout.data(), dw.data(), dA.data(),
+                 db.data());
+    ok &= compare("final:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("final:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
+    // 3. the update of sublayer 0 (xpb = 1: Xprev = the embedding)
+    zero_grads(); clear();
+    hc_read_update_backward(d.dXtmp, d.dout, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w, dx0, d.o,
+                            d.Aprev, d.bprev, s.N, s.C, n, 1);
+    ref_backward(D(in.dXp).data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(), D(X0).data(), D(in.o).data(),
+                 D(in.Aprev).data(), D(in.bprev).data(), s.N, s.C, n, dXn.data(), dout.data(), dw.data(), dA.data(),
+                 db.data());
+    ok &= compare("xpb:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("xpb:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
+    // 4. sublayer 0's read: dout = sum_r (dXp_r + w[r] dh)
+    hc_read_update_backward(NULL, d.dout, NULL, NULL, NULL, d.partial, d.dXp, d.dh, NULL, d.w, NULL, NULL, NULL, NULL,
+                            s.N, s.C, n);
+    for (size_t p = 0; p < s.N; p++) {
+        for (int c = 0; c < s.C; c++) {
+            double v = 0;
+            for (int r = 0; r < n; r++) { v += in.dXp[(p * n + r) * s.C + c] + (double)in.w[r] * in.dh[p * s.C + c]; }
+            dout[p * s.C + c] = v;
+        }
+    }
+    ok &= compare("first:dx0", bytes_bf16_to_f(fetch_bytes(d.dout, NC * 2)), dout, 1.0 / 256, 1e-6);
+    printf("\n");
+    cudaCheck(cudaFree(dx0));
+    dev_free(d);
+    return ok;
+}
+
 static double fwd_bytes(const Shape &s) { return (4.0 * s.n + 4) * s.C * s.N; }
 static double bwd_bytes(const Shape &s) { return (12.0 * s.n + 8) * s.C * s.N; }
 
@@ -504,6 +574,7 @@ int main(int argc, char **argv) {
             if (op_fwd) { ok &= check_op(true, v, seed); }
             if (op_bwd) { ok &= check_op(false, v, seed); }
         }
+        if (v1 == 2) { ok &= check_edges(seed); }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);

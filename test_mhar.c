@@ -403,14 +403,15 @@ static void check_train_resume(const char *name, const char *base, const char *d
     double first = na > 0 ? atof(la[0]) : 0, lastl = na > 0 ? atof(la[na - 1]) : 1e9;
     check(rc == 0 && na == 40 && lastl < 0.25 * first,
           "%s training run: 40 steps, loss %.3f -> %.3f (must fall below a quarter)", name, first, lastl);
-    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/%s -resume %s/%s/ckpt_000020.bin",
-             base, tmpdir, tmpdir, tmpdir, dir_b, tmpdir, dir_a);
+    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/%s "
+             "-resume %s/%s/ckpt_000020.bin", base, tmpdir, tmpdir, tmpdir, dir_b, tmpdir, dir_a);
     rc = run_cmd(cmd, err, sizeof(err));
     snprintf(path, sizeof(path), "%s/%s/log.txt", tmpdir, dir_b);
     int nb = read_losses(path, lb, 64), same = nb == 20 && na == 40;
     for (int i = 0; same && i < 20; i++) { same = strcmp(la[20 + i], lb[i]) == 0; }
-    check(rc == 0 && same, "%s: resume from the step-20 checkpoint reproduces steps 21-40 bit for bit (%d steps, last %s vs %s)",
-          name, nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
+    check(rc == 0 && same,
+          "%s: resume from the step-20 checkpoint reproduces steps 21-40 bit for bit (%d steps, last %s vs %s)", name,
+          nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
 }
 
 static void check_trainer_binary(void) {

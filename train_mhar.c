@@ -10,7 +10,8 @@ is specified in doc/SPEC.md; section numbers below refer to it.
 Every forward and backward pass is written out by hand in plain C. Each layer
 has X_forward and X_backward side by side; backward functions add (+=) into
 their gradient outputs. The routing lives in source_stat_forward,
-route_forward and route_backward. Read top to bottom: layers, then the model,
+route_forward and route_backward; hyper-connections (hc mode, SPEC section 8)
+in the hc_* layers. Read top to bottom: layers, then the model,
 then the optimiser and checkpoints. The training loop itself (main) is
 common/train_loop.h, shared with the CUDA trainer train_mhar.cu.
 
@@ -801,10 +802,12 @@ static void model_alloc_acts(Model *m, int B, int T) {
     for (int i = 0; i < NUM_ACT_TENSORS; i++) { *aptr[i] = p; p += asz[i]; }
 
     size_t gsz[NUM_GRAD_ACT_TENSORS] = {
-        J * N * C, N * hn * C, N * hn * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
+        J * N * C, N * hn * C, N * hn * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD,
+        N * KVD, N * KVD, N * KVD, N * KVD,
         N * F, N * F, N * F};
     real **gptr[NUM_GRAD_ACT_TENSORS] = {
-        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
+        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty,
+        &m->gacts.dq, &m->gacts.dqn,
         &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
         &m->gacts.dmg, &m->gacts.dmu};
     total = 0;
@@ -991,7 +994,9 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
         if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
         // hc: slot j+1 is o_j alone (nothing chains); the streams take it in
-        if (hc) { hc_update_forward(HCX(j + 1), HCX(j), SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n); }
+        if (hc) {
+            hc_update_forward(HCX(j + 1), HCX(j), SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+        }
     }
     real *hf = site_forward(m, (int)(2 * L), N);
     real *uf = a->ln + 2 * L * N * C;

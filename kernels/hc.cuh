@@ -13,7 +13,7 @@
 // The final read h_final = mean of the streams is the forward with w = 1/n; its backward is
 // the backward with dXp = NULL (zero) and w = 1/n. The first read (X_0 = n copies of the
 // embedding) needs no stream buffer: h_0 = wte[token]; the backward of sublayer 0's read,
-// with Xprev = NULL, writes dout = sum_r dX_0 (the embedding's gradient) instead of an update's.
+// with Xprev = NULL, adds sum_r dX_0 into the embedding's fp32 gradient instead of an update's.
 //
 // The kernel's idea: the update of sublayer j and the read of sublayer j+1 touch the same
 // n streams, so one pass does both (forward), and the read's backward of j and the update's
@@ -101,13 +101,15 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
 
 // Backward of the read of sublayer j and the update of sublayer j-1 (top of file). dXp (N, n, C)
 // fp32: in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
-// Xprev = NULL: sublayer 0, dout = sum_r dX_0 (the embedding's gradient), nothing else written.
+// Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
+// trainer's fp32 dslot 0 that encoder_backward reads); nothing else written.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n).
 // X = NULL: sublayer 0's streams, all equal (its dw terms are then left 0: with equal streams
 // every dw[r] is the same, and the softmax's backward of equal dw is exactly 0).
 // xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
 template <int NS>
-__global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, float *partial, const float *dXp_in,
+__global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial,
+                                               const float *dXp_in,
                                                const float *dh, const floatX *X, const float *w, const floatX *Xprev,
                                                const floatX *o, const float *A, const float *beta, size_t N, int C,
                                                int rows_per_part, int xpb) {
@@ -150,18 +152,17 @@ __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, flo
                     for (int k = 0; k < 8; k++) { dw[r] += g[k] * toF(xv.x[k]); }
                 }
             }
-            HcPackX op;
             if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    float s = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < NS; r++) { s += d[r][k]; }
-                    op.x[k] = fromF<floatX>(s);
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
                 }
-                *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
                 continue;
             }
+            HcPackX op;
             float ov[8];
             HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
@@ -283,10 +284,12 @@ static size_t hc_partial_floats(size_t N, int n) {
 // Backward of the read of sublayer j and the update of sublayer j-1 (top of file), then the
 // deterministic sums: dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n) += (any may be NULL: not kept).
 // dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
-// Xprev = NULL: sublayer 0; dout = the embedding's gradient sum_r dX_0 (pass X = NULL, dw = NULL:
-// its streams are equal, so dalpha_0 is 0). xpb = 1: Xprev is the embedding (N, C) standing for
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass X = NULL,
+// dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
+// Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
 // X_0 (j = 1). partial: hc_partial_floats(N, n) floats of scratch.
-static void hc_read_update_backward(float *dXp_out, floatX *dout, float *dw, float *dA, float *dbeta, float *partial,
+static void hc_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dA, float *dbeta,
+                                    float *partial,
                                     const float *dXp_in, const float *dh, const floatX *X, const float *w,
                                     const floatX *Xprev, const floatX *o, const float *A, const float *beta,
                                     size_t N, int C, int n, int xpb = 0, cudaStream_t st = 0) {
@@ -294,7 +297,7 @@ static void hc_read_update_backward(float *dXp_out, floatX *dout, float *dw, flo
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows);
     hc_dispatch(n, [&](auto ns) {
         hc_read_update_backward_kernel<decltype(ns)::value><<<P, 32 * HC_WARPS, 0, st>>>(
-            dXp_out, dout, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows, xpb);
+            dXp_out, dout, dx0, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows, xpb);
     });
     launchCheck();
     hc_reduce_kernel<<<1, 128, 0, st>>>(dw, dA, dbeta, partial, P, n);

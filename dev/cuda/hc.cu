@@ -47,6 +47,23 @@ Bytes per position per sublayer (n = 4, C = 512), the floor of each op:
   norm included), bwd 8 KiB. hc adds (fwd 10 + bwd 28) - (std's add 3 + 6, the norm stays) ~ 29 KiB
   a position a sublayer: 24 x 32768 x 29 KiB = 23 GB a micro-step, ~5.8 ms at 4.0 TB/s.
 
+Against the goals (memory at most 1.3x std, speed at least 0.90x std tokens/s at 100m), from
+the repository's std measurement (695K tokens/s, 12.0 GiB: a micro-step of 32768 positions in
+~47 ms). Predictions, not yet measured:
+  v2 as the trainer would call it (h_j stored, the pre-norm a separate pass each way): memory
+     +24 x 4 KiB streams + 25 x 1 KiB h rows + 8 KiB fp32 dXp = ~129 KiB a position, ~4.2 GB,
+     ~1.35x; time ~(38 + 12 for the separate norms - 12 std's fused path) KiB x 24 x 32768
+     = ~30 GB, 7.5 ms at the floor: ~0.84x.
+  v3 (next): the pre-norm fused into both kernels (fwd writes u and rstd instead of h; bwd takes
+     du, recomputes h = w . X_j from the streams it reads anyway, and sums the norm weight's
+     gradient in its partials): no h rows stored, ~1.28x; +26 KiB a position a sublayer,
+     ~5.1 ms at the floor: ~0.89x. With bf16 stream gradients dXp (if their accuracy holds,
+     to measure) bwd falls to 20 KiB: ~0.93x.
+  Storing no streams at all is possible: A, beta, alpha do not depend on the input, so X_j is a
+  fixed linear mix of the embedding and o_0 .. o_{j-1} (the slots the trainer keeps anyway), with
+  n x (j+1) coefficients per sublayer; the read h_j is then a static AttnRes-like mix of all
+  earlier slots (memory of std, bytes like full mhar's routing).
+
 Tolerances (rel = max|gpu - ref| / max|ref|; PASS needs every |gpu - ref| <= rtol |ref| + atol max|ref|).
 The reference computes in fp64 from the bf16 inputs:
   - X' (bf16): rtol 2^-8 (one rounding), atol 1e-6: A X + beta o in fp32 (n + 1 terms).

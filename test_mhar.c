@@ -50,6 +50,14 @@ static Config tiny_config(int mode, int H, int S) {
     return c;
 }
 
+// The tiny config in hc mode with n streams (SPEC section 8).
+static Config tiny_config_hc(int n) {
+    Config c = tiny_config(RES_STD, 1, 1);
+    c.mode = RES_HC; c.n = n;
+    config_finalize(&c, "test");
+    return c;
+}
+
 static void random_tokens(int *x, size_t n, int V, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) { x[i] = (int)(rng_u32(rng) % (uint32_t)V); }
 }
@@ -72,6 +80,7 @@ static double loss_at(Model *m, const int *in, const int *tg, int B, int T) {
 
 #define FD_EPS 1e-5
 #define FD_TOL 1e-6
+#define FD_ZERO_TOL 1e-9
 
 static void check_gradients(const char *name, Config cfg) {
     int B = 2, T = cfg.T;
@@ -94,7 +103,7 @@ static void check_gradients(const char *name, Config cfg) {
     printf("  %-12s %-6s %12s %12s\n", name, "tensor", "dir rel err", "elem rel err");
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         size_t n = m.sizes[ti];
-        if (n == 0) { off += n; continue; }   // rq, rg in std mode
+        if (n == 0) { off += n; continue; }   // tensors of other modes: rq, rg in std mode, hc's outside hc
         real *p = m.params_mem + off, *g = grad + off;
         // along a random direction d: (L(p + eps d) - L(p - eps d)) / 2 eps == g . d
         double an = 0, dnorm = 0;
@@ -118,6 +127,11 @@ static void check_gradients(const char *name, Config cfg) {
             p[i] = keep;
             double fde = (l1 - l2) / (2 * FD_EPS);
             double e = fabs(fde - g[i]) / max_nan(max_nan(fabs(fde), fabs(g[i])), 1e-6);
+            // An exactly zero gradient (hc's alpha of sublayer 0: its n streams are equal copies of the
+            // embedding, so h_0 does not depend on the read weights) leaves the difference quotient
+            // at its rounding noise, 1e-16 |f| / eps ~ 4e-11 (measured 4.4e-11); it must stay below
+            // FD_ZERO_TOL, far below any real gradient.
+            if (g[i] == 0) { e = fabs(fde) < FD_ZERO_TOL ? 0 : 1; }
             el_err = max_nan(el_err, e);
         }
         printf("  %-12s %-6s %12.2e %12.2e\n", "", param_names[ti], dir_err, el_err);
@@ -359,6 +373,31 @@ static int count_lines(const char *s) {
     return n;
 }
 
+// Train 40 steps with trainer command base into tmpdir/dir_a (the loss falls
+// far below its start), then resume from its step-20 checkpoint into
+// tmpdir/dir_b: steps 21..40 must repeat bit for bit.
+static void check_train_resume(const char *name, const char *base, const char *dir_a, const char *dir_b) {
+    char cmd[4096], err[4096], path[512];
+    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/%s", base, tmpdir, tmpdir,
+             tmpdir, dir_a);
+    int rc = run_cmd(cmd, err, sizeof(err));
+    char la[64][32], lb[64][32];
+    snprintf(path, sizeof(path), "%s/%s/log.txt", tmpdir, dir_a);
+    int na = read_losses(path, la, 64);
+    double first = na > 0 ? atof(la[0]) : 0, lastl = na > 0 ? atof(la[na - 1]) : 1e9;
+    check(rc == 0 && na == 40 && lastl < 0.25 * first,
+          "%s training run: 40 steps, loss %.3f -> %.3f (must fall below a quarter)", name, first, lastl);
+    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/%s "
+             "-resume %s/%s/ckpt_000020.bin", base, tmpdir, tmpdir, tmpdir, dir_b, tmpdir, dir_a);
+    rc = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/%s/log.txt", tmpdir, dir_b);
+    int nb = read_losses(path, lb, 64), same = nb == 20 && na == 40;
+    for (int i = 0; same && i < 20; i++) { same = strcmp(la[20 + i], lb[i]) == 0; }
+    check(rc == 0 && same,
+          "%s: resume from the step-20 checkpoint reproduces steps 21-40 bit for bit (%d steps, last %s vs %s)", name,
+          nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
+}
+
 static void check_trainer_binary(void) {
     char cmd[4096], err[4096], path[512];
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
@@ -378,26 +417,11 @@ static void check_trainer_binary(void) {
     write_shard(path, tok, 5000, 20240520, 1);
     const char *base = "./train_mhar -preset test -V 61 -r mhar -H 2 -S 1 -b 4 -lr 1e-2 -warmup 5 "
                        "-sample_every 0 -val_every 20 -val_batches 2";
-
-    // the loss falls far below its start
-    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/a", base, tmpdir, tmpdir, tmpdir);
-    int rc = run_cmd(cmd, err, sizeof(err));
-    char la[64][32], lb[64][32];
-    snprintf(path, sizeof(path), "%s/a/log.txt", tmpdir);
-    int na = read_losses(path, la, 64);
-    double first = na > 0 ? atof(la[0]) : 0, lastl = na > 0 ? atof(la[na - 1]) : 1e9;
-    check(rc == 0 && na == 40 && lastl < 0.25 * first,
-          "training run: 40 steps, loss %.3f -> %.3f (must fall below a quarter)", first, lastl);
-
-    // resuming at step 20 reproduces steps 21..40 bit for bit
-    snprintf(cmd, sizeof(cmd), "%s -i %s/train.bin -j %s/val.bin -n 40 -ckpt_every 20 -o %s/b -resume %s/a/ckpt_000020.bin",
-             base, tmpdir, tmpdir, tmpdir, tmpdir);
-    rc = run_cmd(cmd, err, sizeof(err));
-    snprintf(path, sizeof(path), "%s/b/log.txt", tmpdir);
-    int nb = read_losses(path, lb, 64), same = nb == 20 && na == 40;
-    for (int i = 0; same && i < 20; i++) { same = strcmp(la[20 + i], lb[i]) == 0; }
-    check(rc == 0 && same, "resume from the step-20 checkpoint reproduces steps 21-40 bit for bit (%d steps, last %s vs %s)",
-          nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
+    const char *base_hc = "./train_mhar -preset test -V 61 -r hc -hc_n 4 -b 4 -lr 1e-2 -warmup 5 "
+                          "-sample_every 0 -val_every 20 -val_batches 2";
+    check_train_resume("mhar", base, "a", "b");
+    check_train_resume("hc n=4", base_hc, "hca", "hcb");
+    int rc, same;
 
     // one thread and two threads agree bit for bit
     snprintf(cmd, sizeof(cmd), "OMP_NUM_THREADS=1 %s -i %s/train.bin -j '' -n 5 -o %s/t1", base, tmpdir, tmpdir);
@@ -414,8 +438,9 @@ static void check_trainer_binary(void) {
     check(same, "1 and 2 OpenMP threads give bit-identical losses (step 5: %s vs %s)", n1 == 5 ? l1[4] : "?", n2 == 5 ? l2[4] : "?");
 
     // bad input: a non-zero exit and one line naming the problem
-    struct { const char *what, *args, *expect; } bad[6];
+    struct { const char *what, *args, *expect; } bad[9];
     char truncated[512], badmagic[512], a0[1024], a1[1024], a2[1024], a3[1024], a4[1024], a5[1024];
+    char a6[1024], a7[1024];
     snprintf(truncated, sizeof(truncated), "%s/trunc.bin", tmpdir);
     write_shard(truncated, tok, 3000, 20240520, 1);
     if (truncate(truncated, 1024 + 2 * 2000) != 0) { die("cannot truncate %s", truncated); }
@@ -433,7 +458,14 @@ static void check_trainer_binary(void) {
     bad[3].what = "NKV not dividing NH"; bad[3].args = a3; bad[3].expect = "NKV=3 does not divide NH=4";
     bad[4].what = "checkpoint with another config"; bad[4].args = a4; bad[4].expect = "saved with L=2 but this run has L=3";
     bad[5].what = "missing file"; bad[5].args = a5; bad[5].expect = "no token shards match";
-    for (int i = 0; i < 6; i++) {
+    // an hc checkpoint resumed with another stream count or another mode
+    snprintf(a6, sizeof(a6), "-i %s/train.bin -r hc -hc_n 2 -n 41 -resume %s/hca/ckpt_000040.bin", tmpdir, tmpdir);
+    snprintf(a7, sizeof(a7), "-i %s/train.bin -r mhar -n 41 -resume %s/hca/ckpt_000040.bin", tmpdir, tmpdir);
+    bad[6].what = "hc checkpoint with another n"; bad[6].args = a6; bad[6].expect = "saved with hc_n=4 but this run has hc_n=2";
+    bad[7].what = "hc checkpoint in mhar mode"; bad[7].args = a7;
+    bad[7].expect = "saved with residual mode=2 but this run has residual mode=1";
+    bad[8].what = "hc with no streams"; bad[8].args = "-r hc -hc_n 0 -n 1"; bad[8].expect = "-hc_n 0 is out of range; give an integer from 1 to 64";
+    for (int i = 0; i < 9; i++) {
         snprintf(cmd, sizeof(cmd), "./train_mhar -preset test -V 61 -b 4 -j '' -sample_every 0 %s", bad[i].args);
         rc = run_cmd(cmd, err, sizeof(err));
         char *nl = strchr(err, '\n');
@@ -935,6 +967,8 @@ int main(void) {
     check_gradients("block S=2", tiny_config(RES_MHAR, 2, 2));
     check_gradients("block S=3", tiny_config(RES_MHAR, 4, 3));
     check_gradients("block S=4", tiny_config(RES_MHAR, 4, 4));
+    check_gradients("hc n=2", tiny_config_hc(2));
+    check_gradients("hc n=4", tiny_config_hc(4));
 
     printf("== 2. routing against a naive model from SPEC ==\n");
     check_naive("attnres (H=1)", tiny_config(RES_MHAR, 1, 1));

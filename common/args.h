@@ -34,7 +34,7 @@ static void args_defaults(TrainArgs *a) {
     Config *c = &a->cfg;
     c->V = 50257;
     config_apply_preset(c, "tiny");
-    c->mode = RES_MHAR; c->H = 4; c->S = 1;
+    c->mode = RES_MHAR; c->H = 4; c->S = 1; c->n = 4;   // n counts only in hc mode
     a->train_glob = "data/tiny/*_train_*.bin";
     a->val_glob = "data/tiny/*_val_*.bin";
     a->tokenizer = "";
@@ -64,9 +64,10 @@ static void args_usage(const char *prog) {
         "model:\n"
         "  -preset NAME   shape preset: test, tiny (default), 100m, 350m, 1b; later flags override it\n"
         "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
-        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1)\n"
+        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1), hc\n"
         "  -H N           routing heads of mhar, must divide C (default 4)\n"
         "  -S N           sublayers per block, 1 = full mhar (default 1)\n"
+        "  -hc_n N        streams of hyper-connections, -r hc (default 4)\n"
         "data and output:\n"
         "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
         "  -j GLOB        val shards, \"\" for none (default data/tiny/*_val_*.bin)\n"
@@ -121,13 +122,15 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
             if (strcmp(v, "std") == 0) { c->mode = RES_STD; }
             else if (strcmp(v, "mhar") == 0) { c->mode = RES_MHAR; }
             else if (strcmp(v, "attnres") == 0) { c->mode = RES_MHAR; c->H = 1; }
-            else { die("-r '%s' is not a residual mode; use std, mhar or attnres", v); }
+            else if (strcmp(v, "hc") == 0) { c->mode = RES_HC; }
+            else { die("-r '%s' is not a residual mode; use std, mhar, attnres or hc", v); }
         }
         INT_FLAG("L", c->L, 1, CONFIG_MAX_L) INT_FLAG("C", c->C, 2, CONFIG_MAX_C)
         INT_FLAG("NH", c->NH, 1, CONFIG_MAX_C) INT_FLAG("NKV", c->NKV, 1, CONFIG_MAX_C)
         INT_FLAG("F", c->F, 1, CONFIG_MAX_F) INT_FLAG("T", c->T, 1, CONFIG_MAX_T)
         INT_FLAG("V", c->V, 2, CONFIG_MAX_V) INT_FLAG("H", c->H, 1, CONFIG_MAX_C)
         INT_FLAG("S", c->S, 1, 2 * CONFIG_MAX_L)
+        INT_FLAG("hc_n", c->n, 1, 64)
         else if (strcmp(f, "i") == 0) { a->train_glob = v; }
         else if (strcmp(f, "j") == 0) { a->val_glob = v; }
         else if (strcmp(f, "tok") == 0) { a->tokenizer = v; }

@@ -3,12 +3,13 @@
 //
 //   [0] magic 0x5241484D (the bytes "MHAR")   [1] version: 2 (1: the same without [30])
 //   [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-//   [10] residual mode (0 std, 1 mhar)  [11] H  [12] S  [13] HD
+//   [10] residual mode (0 std, 1 mhar, 2 hc)  [11] H  [12] S  [13] HD
 //   [14] content: 0 parameters, 1 parameters + AdamW m and v, 2 gradient dump
 //   [15] optimizer steps done
 //   [16] train shard  [18..19] token position in it (int64)  [20..21] sampling rng (uint64)
 //   [24] bytes per tensor element: 4 (float32) or 8 (float64, gradient dumps of the test build)
 //   [25] B  [26] T of the batch of a gradient dump  [27..28] its loss (float64)
+//   [29] n, the hc streams (0 in other modes, and in files written before hc)
 //   [30] CRC-32C (util.h) of the whole file, computed with this field read as 0
 //
 // After the header: the parameters; with content 1, then AdamW m, then v.
@@ -47,6 +48,7 @@ static void ckpt_header_make(int h[CKPT_HEADER_INTS], const Config *c, const Ckp
     memcpy(&h[20], &in->rng, 8);
     h[24] = in->elem; h[25] = in->B; h[26] = in->T;
     memcpy(&h[27], &in->loss, 8);
+    h[29] = c->n;
 }
 
 // Read the header ints of path and its size in bytes; dies unless it has a whole header.
@@ -127,7 +129,7 @@ static FILE *ckpt_open_read(const char *path, Config *c, CkptInfo *in) {
     }
     memset(c, 0, sizeof(*c));
     c->V = h[2]; c->T = h[4]; c->L = h[5]; c->C = h[6]; c->NH = h[7]; c->NKV = h[8]; c->F = h[9];
-    c->mode = h[10]; c->H = h[11]; c->S = h[12];
+    c->mode = h[10]; c->H = h[11]; c->S = h[12]; c->n = h[29];
     config_finalize(c, path);
     if (c->Vp != h[3] || c->HD != h[13]) { die("%s: header fields Vp/HD disagree with its shape; the file is corrupt", path); }
     memset(in, 0, sizeof(*in));
@@ -178,10 +180,10 @@ static FILE *ckpt_open_read(const char *path, Config *c, CkptInfo *in) {
 
 // Die unless the checkpoint's config equals the run's, naming the first field that differs.
 static void ckpt_check_config(const char *path, const Config *file, const Config *run) {
-    const char *names[] = {"V", "T", "L", "C", "NH", "NKV", "F", "residual mode", "H", "S"};
-    int a[] = {file->V, file->T, file->L, file->C, file->NH, file->NKV, file->F, file->mode, file->H, file->S};
-    int b[] = {run->V, run->T, run->L, run->C, run->NH, run->NKV, run->F, run->mode, run->H, run->S};
-    for (int i = 0; i < 10; i++) {
+    const char *names[] = {"V", "T", "L", "C", "NH", "NKV", "F", "residual mode", "H", "S", "hc_n"};
+    int a[] = {file->V, file->T, file->L, file->C, file->NH, file->NKV, file->F, file->mode, file->H, file->S, file->n};
+    int b[] = {run->V, run->T, run->L, run->C, run->NH, run->NKV, run->F, run->mode, run->H, run->S, run->n};
+    for (int i = 0; i < 11; i++) {
         if (a[i] != b[i]) {
             die("%s was saved with %s=%d but this run has %s=%d; give the same model flags as the "
                 "run that saved it, or start without -resume", path, names[i], a[i], names[i], b[i]);

@@ -171,6 +171,11 @@ static int train_main(int argc, char **argv) {
     char desc[256];
     device_init(desc, sizeof(desc));
 
+#ifndef TRAINER_HAS_HC
+    if (cfg->mode == RES_HC) {
+        die("-r hc: this trainer has no hyper-connections mode; train hc models with train_mhar (the CPU trainer)");
+    }
+#endif
     Model model;
     model_build(&model, cfg, args.seed, args.init_std);
     CkptInfo state;

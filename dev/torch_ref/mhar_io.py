@@ -9,12 +9,13 @@ Three formats, all little-endian, all with a header of 256 int32:
 2. Checkpoints (the project's own format, SPEC section 7)
      [0] magic 0x5241484D (the bytes "MHAR"), [1] version 2 (version 1: the same without [30]),
      [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-     [10] residual mode (0 std, 1 mhar)  [11] H  [12] S  [13] HD
+     [10] residual mode (0 std, 1 mhar, 2 hc)  [11] H  [12] S  [13] HD
      [14] content (0 params, 1 params + AdamW m and v, 2 gradient dump)
      [15] step  [16..23] loader/rng state (not interpreted here)
      [24] bytes per element (4 float32, 8 float64)
      [25] B  [26] T of the batch (gradient dumps)
      [27..28] loss as one float64 (gradient dumps)
+     [29] n, the hc streams (0 in other modes)
      [30] CRC-32C of the whole file, computed with this field read as 0 (version 2)
    then the tensors of param_layout(cfg), concatenated, row-major; with content 1 two more
    copies of that layout follow (m, then v).
@@ -42,7 +43,8 @@ CKPT_MAGIC = 0x5241484D  # little-endian bytes 4D 48 41 52 = "MHAR"
 CKPT_VERSION = 2
 CKPT_CRC_INT = 30  # header int holding the CRC-32C (version 2)
 CONTENT_PARAMS, CONTENT_PARAMS_ADAM, CONTENT_GRADS = 0, 1, 2
-MODE_STD, MODE_MHAR = 0, 1
+MODE_STD, MODE_MHAR, MODE_HC = 0, 1, 2
+_MODE_IDS = {"std": MODE_STD, "mhar": MODE_MHAR, "hc": MODE_HC}
 
 # Magic numbers of other files that might be handed to us by mistake (for a better error).
 _OTHER_MAGICS = {
@@ -140,9 +142,10 @@ class Config:
     NH: int         # query heads
     NKV: int        # key/value heads (GQA)
     F: int          # SwiGLU hidden width
-    mode: str = "mhar"  # "std" or "mhar" (attnres is mhar with H = 1)
+    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1) or "hc"
     H: int = 1      # routing heads (mhar only)
     S: int = 1      # sublayers per block (mhar only; 1 = full mode)
+    n: int = 0      # hyper-connection streams (hc only; SPEC section 8)
 
     @property
     def HD(self) -> int:
@@ -164,13 +167,15 @@ class Config:
             p.append(f"head dim HD={self.HD} must be even for RoPE")
         if self.NH % self.NKV:
             p.append(f"NKV={self.NKV} does not divide NH={self.NH}")
-        if self.mode not in ("std", "mhar"):
+        if self.mode not in _MODE_IDS:
             p.append(f"unknown residual mode {self.mode!r}")
         if self.mode == "mhar":
             if self.H <= 0 or self.C % self.H:
                 p.append(f"routing heads H={self.H} must divide C={self.C}")
             if self.S <= 0:
                 p.append(f"block size S={self.S} must be >= 1")
+        if self.mode == "hc" and not 1 <= self.n <= 64:
+            p.append(f"hc streams n={self.n} must be 1..64")
         return p
 
 
@@ -195,6 +200,11 @@ def param_layout(cfg: Config) -> List[Tuple[str, Tuple[int, ...]]]:
     if cfg.mode == "mhar":
         layout += [("rq", (2 * L + 1, C)),   # routing queries q_j, one per site
                    ("rg", (2 * L + 1, C))]   # routing key-norm weights gamma_j
+    if cfg.mode == "hc":
+        n = cfg.n
+        layout += [("hcalpha", (2 * L, n)),     # read logits alpha_j: w_j = softmax(alpha_j)
+                   ("hca", (2 * L, n, n)),      # stream mix A_j[r, s]
+                   ("hcbeta", (2 * L, n))]      # write weights beta_j
     return layout
 
 
@@ -281,11 +291,13 @@ class Checkpoint:
 
 def _header_to_config(path, h) -> Config:
     mode_id = int(h[10])
-    if mode_id not in (MODE_STD, MODE_MHAR):
-        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar)")
+    names = {v: k for k, v in _MODE_IDS.items()}
+    if mode_id not in names:
+        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 2 hc)")
     cfg = Config(V=int(h[2]), Vp=int(h[3]), T=int(h[4]), L=int(h[5]), C=int(h[6]),
                  NH=int(h[7]), NKV=int(h[8]), F=int(h[9]),
-                 mode="std" if mode_id == MODE_STD else "mhar", H=int(h[11]), S=int(h[12]))
+                 mode=names[mode_id], H=int(h[11]), S=int(h[12]),
+                 n=int(h[29]) if mode_id == MODE_HC else 0)
     problems = cfg.problems()
     if problems:
         _fail(path, "inconsistent config: " + "; ".join(problems))
@@ -367,7 +379,8 @@ def write_checkpoint(path: str, cfg: Config, params: Dict[str, np.ndarray], *,
     h[0] = np.array(CKPT_MAGIC, dtype=np.uint32).view(np.int32)
     h[1] = CKPT_VERSION
     h[2:10] = [cfg.V, cfg.Vp, cfg.T, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F]
-    h[10] = MODE_STD if cfg.mode == "std" else MODE_MHAR
+    h[10] = _MODE_IDS[cfg.mode]
+    h[29] = cfg.n if cfg.mode == "hc" else 0
     h[11], h[12], h[13] = cfg.H, cfg.S, cfg.HD
     h[14], h[15], h[24] = content, step, bytes_per_elem
     if content == CONTENT_GRADS:

@@ -10,7 +10,8 @@ is specified in doc/SPEC.md; section numbers below refer to it.
 Every forward and backward pass is written out by hand in plain C. Each layer
 has X_forward and X_backward side by side; backward functions add (+=) into
 their gradient outputs. The routing lives in source_stat_forward,
-route_forward and route_backward. Read top to bottom: layers, then the model,
+route_forward and route_backward; hyper-connections (hc mode, SPEC section 8)
+in the hc_* layers. Read top to bottom: layers, then the model,
 then the optimiser and checkpoints. The training loop itself (main) is
 common/train_loop.h, shared with the CUDA trainer train_mhar.cu.
 
@@ -29,6 +30,8 @@ compiles this same file with -DMHAR_REAL=double for finite differences.
 #include "common/checkpoint.h"
 #include "common/logger.h"
 #include "common/tokenizer.h"
+
+#define TRAINER_HAS_HC   // common/train_loop.h: this trainer runs -r hc
 
 #ifndef MHAR_REAL
 #define MHAR_REAL float
@@ -509,6 +512,149 @@ void route_backward(real *dslots, real *dq, real *dgamma, const real *dout, cons
 }
 
 // ----------------------------------------------------------------------------
+// Hyper-connections (SPEC section 8), hc mode. Per position the state is n
+// streams X_r of width C, stored (N, n, C): a position's n streams are
+// adjacent, so one pass over a position reads all of them (the GPU layout too).
+//   w_j     = softmax(alpha_j)                       hc_weights
+//   h_j     = sum_r w_j[r] X_r                       hc_read (the sublayer's input)
+//   X'_r    = sum_s A_j[r,s] X_s + beta_j[r] o_j     hc_update (o_j: the sublayer's output)
+//   X_r     = wte[token] at the start (hc_expand); h_final = hc_read with w = 1/n
+// Memory: backward needs the streams X before every sublayer (and the final
+// ones): n*C values per position per sublayer, (2L+1) n C in all, n times the
+// one slot row of std mode (100M, n = 4, C = 512: 8 KiB per position per
+// sublayer in fp32, 4 KiB in bf16, against std's 2 KiB / 1 KiB).
+// Parameter gradients are sums over positions: each fixed block of HC_BLOCK
+// positions sums its share, and the blocks are added in order, so the result
+// is the same for any number of threads.
+#define HC_BLOCK 32
+
+// w (n) = softmax(alpha (n)): the read weights of one sublayer
+void hc_weights_forward(real *w, const real *alpha, int n) {
+    real maxv = -INFINITY, sum = 0;
+    for (int r = 0; r < n; r++) { if (alpha[r] > maxv) { maxv = alpha[r]; } }
+    for (int r = 0; r < n; r++) { w[r] = exp(alpha[r] - maxv); sum += w[r]; }
+    for (int r = 0; r < n; r++) { w[r] /= sum; }
+}
+
+// dalpha (n) += ..., given dw (n) = dL/dw
+void hc_weights_backward(real *dalpha, const real *dw, const real *w, int n) {
+    // w = softmax(alpha): dalpha[s] = w[s] (dw[s] - sum_t w[t] dw[t])
+    real S = 0;
+    for (int t = 0; t < n; t++) { S += w[t] * dw[t]; }
+    for (int s = 0; s < n; s++) { dalpha[s] += w[s] * (dw[s] - S); }
+}
+
+// X (N, n, C) = n copies of x0 (N, C): the streams' start
+void hc_expand_forward(real *X, const real *x0, size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        for (int r = 0; r < n; r++) { memcpy(X + (t * n + r) * C, x0 + t * C, C * sizeof(real)); }
+    }
+}
+
+// dx0 (N, C) += sum_r dX_r
+void hc_expand_backward(real *dx0, const real *dX, size_t N, int C, int n) {
+    // X_r = x0 for every r
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        for (int r = 0; r < n; r++) {
+            const real *d = dX + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { dx0[t * C + c] += d[c]; }
+        }
+    }
+}
+
+// out (N, C) = sum_r w[r] X_r;  X (N, n, C), w (n)
+void hc_read_forward(real *out, const real *X, const real *w, size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        real *o = out + t * C;
+        for (int c = 0; c < C; c++) { o[c] = 0; }
+        for (int r = 0; r < n; r++) {
+            const real *x = X + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { o[c] += w[r] * x[c]; }
+        }
+    }
+}
+
+// dX (N, n, C) += ...;  dw (n) += sum over positions (dw may be NULL: h_final's fixed weights)
+void hc_read_backward(real *dX, real *dw, const real *dout, const real *X, const real *w, size_t N, int C, int n) {
+    // out = sum_r w[r] X_r: dX_r += w[r] dout, dw[r] += dout . X_r
+    size_t nblocks = (N + HC_BLOCK - 1) / HC_BLOCK;
+    real *part = (real *)calloc_check(nblocks * n, sizeof(real));
+    #pragma omp parallel for
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        size_t tend = (blk + 1) * HC_BLOCK < N ? (blk + 1) * HC_BLOCK : N;
+        for (size_t t = blk * HC_BLOCK; t < tend; t++) {
+            const real *g = dout + t * C;
+            for (int r = 0; r < n; r++) {
+                const real *x = X + (t * n + r) * C;
+                real *dx = dX + (t * n + r) * C, dot = 0;
+                for (int c = 0; c < C; c++) { dx[c] += w[r] * g[c]; dot += g[c] * x[c]; }
+                part[blk * n + r] += dot;
+            }
+        }
+    }
+    for (size_t blk = 0; dw != NULL && blk < nblocks; blk++) {
+        for (int r = 0; r < n; r++) { dw[r] += part[blk * n + r]; }
+    }
+    free(part);
+}
+
+// Xn (N, n, C): Xn_r = sum_s A[r,s] X_s + beta[r] o;  X (N, n, C), o (N, C), A (n, n), beta (n)
+void hc_update_forward(real *Xn, const real *X, const real *o, const real *A, const real *beta,
+                       size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        const real *ot = o + t * C;
+        for (int r = 0; r < n; r++) {
+            real *y = Xn + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { y[c] = beta[r] * ot[c]; }
+            for (int s = 0; s < n; s++) {
+                const real *x = X + (t * n + s) * C;
+                for (int c = 0; c < C; c++) { y[c] += A[r * n + s] * x[c]; }
+            }
+        }
+    }
+}
+
+// dX (N, n, C), dout (N, C) += ...;  dA (n, n), dbeta (n) += sums over positions; given dXn (N, n, C)
+void hc_update_backward(real *dX, real *dout, real *dA, real *dbeta, const real *dXn, const real *X,
+                        const real *o, const real *A, const real *beta, size_t N, int C, int n) {
+    // Xn_r = sum_s A[r,s] X_s + beta[r] o:
+    //   dX_s += sum_r A[r,s] dXn_r,  do += sum_r beta[r] dXn_r,
+    //   dA[r,s] += dXn_r . X_s,      dbeta[r] += dXn_r . o
+    size_t nblocks = (N + HC_BLOCK - 1) / HC_BLOCK, np = (size_t)n * n + n;
+    real *part = (real *)calloc_check(nblocks * np, sizeof(real));   // per block: dA (n, n), then dbeta (n)
+    #pragma omp parallel for
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        real *pA = part + blk * np, *pb = pA + (size_t)n * n;
+        size_t tend = (blk + 1) * HC_BLOCK < N ? (blk + 1) * HC_BLOCK : N;
+        for (size_t t = blk * HC_BLOCK; t < tend; t++) {
+            const real *ot = o + t * C;
+            real *dot_ = dout + t * C;
+            for (int r = 0; r < n; r++) {
+                const real *g = dXn + (t * n + r) * C;
+                real sb = 0;
+                for (int c = 0; c < C; c++) { dot_[c] += beta[r] * g[c]; sb += g[c] * ot[c]; }
+                pb[r] += sb;
+                for (int s = 0; s < n; s++) {
+                    const real *x = X + (t * n + s) * C;
+                    real *dx = dX + (t * n + s) * C, sa = 0;
+                    for (int c = 0; c < C; c++) { dx[c] += A[r * n + s] * g[c]; sa += g[c] * x[c]; }
+                    pA[r * n + s] += sa;
+                }
+            }
+        }
+    }
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        for (int i = 0; i < n * n; i++) { dA[i] += part[blk * np + i]; }
+        for (int r = 0; r < n; r++) { dbeta[r] += part[blk * np + (size_t)n * n + r]; }
+    }
+    free(part);
+}
+
+// ----------------------------------------------------------------------------
 // Classifier: softmax over the V real logits and cross-entropy with targets.
 
 // probs (N, V) = softmax(logits); losses (N) = -log probs[target]
@@ -540,22 +686,27 @@ void crossentropy_backward(real *dlogits, const real *probs, const int *targets,
 // Named views into one allocation, in checkpoint order (config.h's enum).
 typedef struct {
     real *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+    real *hcalpha, *hca, *hcbeta;
 } ParamTensors;
 
 static void point_params(ParamTensors *p, real *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
     real **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
-                                      &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg};
+                                      &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
+                                      &p->hcalpha, &p->hca, &p->hcbeta};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
 }
 
 // Forward activations kept for backward, in one allocation. N = B*T positions,
-// J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
-#define NUM_ACT_TENSORS 22
+// J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD, n hc streams.
+#define NUM_ACT_TENSORS 24
 typedef struct {
-    real *slots;    // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
+    real *slots;    // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std),
+                    //            wte[token] then the sublayer outputs o_j (hc)
+    real *hcx;      // (J, N, n, C)  hc streams before sublayer j; [2L] = the final streams (hc)
+    real *hc_w;     // (J, n)     hc read weights softmax(alpha_j); [2L] = 1/n (hc)
     real *slot_r;   // (J, N)     r_i of each slot (mhar)
     real *route_a;  // routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar)
-    real *h;        // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
+    real *h;        // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar, hc; std reads slots)
     real *ln;       // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
     real *ln_rstd;  // (J, N)
     real *qr;       // (L, N, QD)  Wq u, before QK-norm
@@ -577,9 +728,11 @@ typedef struct {
 } Acts;
 
 // Backward scratch and gradients of activations, in one allocation.
-#define NUM_GRAD_ACT_TENSORS 14
+#define NUM_GRAD_ACT_TENSORS 16
 typedef struct {
     real *dslots;   // (J, N, C)  gradient of every slot, accumulated over all the sites that read it
+    real *dhcx;     // (N, n, C)  hc: gradient of the streams at the depth the backward has reached
+    real *dhcx2;    // (N, n, C)  hc: the streams' gradient one sublayer down (swapped with dhcx)
     real *dh;       // (N, C)  gradient of the routed input of the current site
     real *dln;      // (N, C)  gradient of the normalised input u_j
     real *datty;    // (N, QD)
@@ -645,14 +798,16 @@ static void model_alloc_acts(Model *m, int B, int T) {
     const Config *c = &m->cfg;
     size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
-    int mhar = c->mode == RES_MHAR;
-    size_t pairs = mhar ? m->pair_off[J] : 0;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    size_t pairs = mhar ? m->pair_off[J] : 0, hn = hc ? (size_t)c->n : 0;
     size_t asz[NUM_ACT_TENSORS] = {
-        J * N * C, mhar ? J * N : 0, pairs * N * c->H, mhar ? J * N * C : 0, J * N * C, J * N,
+        J * N * C, J * N * hn * C, J * hn,
+        mhar ? J * N : 0, pairs * N * c->H, mhar || hc ? J * N * C : 0, J * N * C, J * N,
         L * N * QD, L * N * KVD, L * N * QD, L * N * KVD, L * N * KVD, L * N * c->NH, L * N * c->NKV,
         L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V, N * c->V, N};
     real **aptr[NUM_ACT_TENSORS] = {
-        &m->acts.slots, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.ln, &m->acts.ln_rstd,
+        &m->acts.slots, &m->acts.hcx, &m->acts.hc_w, &m->acts.slot_r, &m->acts.route_a, &m->acts.h,
+        &m->acts.ln, &m->acts.ln_rstd,
         &m->acts.qr, &m->acts.kr, &m->acts.q, &m->acts.k, &m->acts.v, &m->acts.q_rstd, &m->acts.k_rstd,
         &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits,
         &m->acts.probs, &m->acts.losses};
@@ -663,10 +818,12 @@ static void model_alloc_acts(Model *m, int B, int T) {
     for (int i = 0; i < NUM_ACT_TENSORS; i++) { *aptr[i] = p; p += asz[i]; }
 
     size_t gsz[NUM_GRAD_ACT_TENSORS] = {
-        J * N * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
+        J * N * C, N * hn * C, N * hn * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD,
+        N * KVD, N * KVD, N * KVD, N * KVD,
         N * F, N * F, N * F};
     real **gptr[NUM_GRAD_ACT_TENSORS] = {
-        &m->gacts.dslots, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
+        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty,
+        &m->gacts.dq, &m->gacts.dqn,
         &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
         &m->gacts.dmg, &m->gacts.dmu};
     total = 0;
@@ -762,14 +919,24 @@ static void mlp_sublayer_backward(Model *m, int l, const real *u, const real *do
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
 #define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
+#define HCX(j) (a->hcx + (size_t)(j) * N * c->n * C)
 
 // The input of sublayer j (j = 2L: of the final norm). std: the residual
 // stream x_j = slot j. mhar: route_j over the slots of site j's sources.
+// hc: the read of the streams before sublayer j with w_j = softmax(alpha_j);
+// the final read takes the mean, w = 1/n.
 static real *site_forward(Model *m, int j, size_t N) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     size_t C = c->C;
     if (c->mode == RES_STD) { return SLOT(j); }
+    if (c->mode == RES_HC) {
+        real *w = a->hc_w + (size_t)j * c->n, *hj = a->h + (size_t)j * N * C;
+        if (j < 2 * c->L) { hc_weights_forward(w, m->params.hcalpha + (size_t)j * c->n, c->n); }
+        else { for (int r = 0; r < c->n; r++) { w[r] = (real)1 / c->n; } }
+        hc_read_forward(hj, HCX(j), w, N, c->C, c->n);
+        return hj;
+    }
     int src[1024];
     int n = site_sources(c, j, src);
     real *hj = a->h + (size_t)j * N * C;
@@ -779,7 +946,8 @@ static real *site_forward(Model *m, int j, size_t N) {
 }
 
 // Where the norm backward of site j adds the gradient of its input: straight
-// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar).
+// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar)
+// or hc_read_backward (hc).
 static real *site_dinput(Model *m, int j, size_t N) {
     size_t C = m->cfg.C;
     if (m->cfg.mode == RES_STD) { return DSLOT(j); }
@@ -792,6 +960,13 @@ static void site_backward(Model *m, int j, size_t N) {
     Acts *a = &m->acts;
     size_t C = c->C;
     if (c->mode == RES_STD) { return; }
+    if (c->mode == RES_HC) {   // into the streams' gradient dhcx; the final read's weights are fixed
+        int n = c->n, last = j == 2 * c->L;
+        real *w = a->hc_w + (size_t)j * n, dw[64] = {0};
+        hc_read_backward(m->gacts.dhcx, last ? NULL : dw, m->gacts.dh, HCX(j), w, N, c->C, n);
+        if (!last) { hc_weights_backward(m->grads.hcalpha + (size_t)j * n, dw, w, n); }
+        return;
+    }
     int src[1024];
     int n = site_sources(c, j, src);
     route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dh,
@@ -818,10 +993,12 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     Acts *a = &m->acts;
     ParamTensors *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
-    int mhar = c->mode == RES_MHAR;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    size_t hn = (size_t)c->n;
     memcpy(m->inputs, inputs, N * sizeof(int));
     encoder_forward(SLOT(0), inputs, p->wte, N, c->C);
     if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
+    if (hc) { hc_expand_forward(HCX(0), SLOT(0), N, c->C, c->n); }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
         real *hj = site_forward(m, (int)j, N);
@@ -832,6 +1009,10 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
         residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
         if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
+        // hc: slot j+1 is o_j alone (nothing chains); the streams take it in
+        if (hc) {
+            hc_update_forward(HCX(j + 1), HCX(j), SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+        }
     }
     real *hf = site_forward(m, (int)(2 * L), N);
     real *uf = a->ln + 2 * L * N * C;
@@ -862,8 +1043,10 @@ void model_backward(Model *m, real dloss) {
     GradActs *g = &m->gacts;
     ParamTensors *p = &m->params, *dp = &m->grads;
     int B = m->B, T = m->T;
-    size_t N = (size_t)B * T, C = c->C, L = c->L;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, hn = (size_t)c->n;
+    int hc = c->mode == RES_HC;
     memset(g->dslots, 0, (2 * L + 1) * N * C * sizeof(real));
+    if (hc) { memset(g->dhcx, 0, N * hn * C * sizeof(real)); }
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     real *dlogits = a->logits;   // the logits are spent: reuse their buffer
     if (m->ce_dloss == 0) {
@@ -877,7 +1060,7 @@ void model_backward(Model *m, real dloss) {
     memset(g->dln, 0, N * C * sizeof(real));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
     // uf = rmsnorm(h_final; lnfw)
-    real *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
+    real *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;   // (hc: site_backward fills dhcx)
     real *dhf = site_dinput(m, (int)(2 * L), N);
     rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C);
     site_backward(m, (int)(2 * L), N);
@@ -885,6 +1068,12 @@ void model_backward(Model *m, real dloss) {
         size_t j = (size_t)jj, l = j / 2;
         // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
         real *dout = DSLOT(j + 1);
+        if (hc) {   // streams after sublayer j = A_j X + beta_j o_j: dhcx holds their gradient
+            memset(g->dhcx2, 0, N * hn * C * sizeof(real));
+            hc_update_backward(g->dhcx2, dout, dp->hca + j * hn * hn, dp->hcbeta + j * hn, g->dhcx, HCX(j),
+                               SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+            real *t = g->dhcx; g->dhcx = g->dhcx2; g->dhcx2 = t;   // now the gradient of the streams before j
+        }
         if (slot_chains(c, (int)j)) {
             real *dprev = DSLOT(j);
             for (size_t i = 0; i < N * C; i++) { dprev[i] += dout[i]; }
@@ -900,12 +1089,15 @@ void model_backward(Model *m, real dloss) {
         rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C);
         site_backward(m, (int)j, N);
     }
+    // hc: the streams start as copies of slot 0
+    if (hc) { hc_expand_backward(DSLOT(0), g->dhcx, N, c->C, c->n); }
     // slot 0 = wte[inputs]
     encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C);
 }
 
 #undef SLOT
 #undef DSLOT
+#undef HCX
 
 
 // ----------------------------------------------------------------------------
@@ -1014,14 +1206,17 @@ void model_free(Model *m) {
 #ifdef TESTING
 // Move every parameter away from its initialisation (used by test_mhar.c and
 // dev/mhar_grads.c), so that gradient checks exercise every path: matrices
-// N(0, 0.3^2), norm weights and gammas 1 + N(0, 0.2^2), routing queries N(0, 1).
+// N(0, 0.3^2), norm weights and gammas 1 + N(0, 0.2^2), routing queries N(0, 1);
+// hc: alpha N(0, 1), A = I + N(0, 0.3^2), beta = e_0 + N(0, 0.3^2).
 void model_randomize(Model *m, uint64_t seed) {
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 7;
     real *p = m->params_mem;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         for (size_t i = 0; i < m->sizes[ti]; i++) {
             double z = rng_normal(&rng);
-            if (ti == P_RQ) { p[i] = (real)z; }
+            if (ti == P_RQ || ti == P_HCALPHA) { p[i] = (real)z; }
+            else if (ti == P_HCA) { p[i] = (real)((i / m->cfg.n % m->cfg.n == i % m->cfg.n ? 1 : 0) + 0.3 * z); }
+            else if (ti == P_HCBETA) { p[i] = (real)((i % m->cfg.n == 0 ? 1 : 0) + 0.3 * z); }
             else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
                 p[i] = (real)(1 + 0.2 * z);
             } else { p[i] = (real)(0.3 * z); }

@@ -5,7 +5,16 @@
 #pragma once
 #include "util.h"
 
-enum { RES_STD = 0, RES_MHAR = 1 };   // residual mode (SPEC section 4)
+enum { RES_STD = 0, RES_MHAR = 1, RES_HC = 2 };   // residual mode (SPEC sections 4 and 8)
+
+// Upper bounds of the sizes, from flags or a checkpoint header. They keep every
+// size product (Vp*C, L*F*C, B*T*C, ...) far inside size_t and every int
+// field inside int, and are far above any model this project trains.
+#define CONFIG_MAX_V (1 << 24)   // the tokenizer file's limit too
+#define CONFIG_MAX_T (1 << 20)
+#define CONFIG_MAX_L 511
+#define CONFIG_MAX_C (1 << 16)
+#define CONFIG_MAX_F (1 << 20)
 
 typedef struct {
     int V;    // vocabulary size
@@ -17,9 +26,10 @@ typedef struct {
     int NKV;  // key/value heads (GQA)
     int HD;   // head dim = C / NH
     int F;    // SwiGLU hidden width
-    int mode; // RES_STD or RES_MHAR (attnres is RES_MHAR with H = 1)
-    int H;    // routing heads (mhar); 1 in std mode
-    int S;    // sublayers per block (mhar); 1 = full mode (a source per sublayer)
+    int mode; // RES_STD, RES_MHAR (attnres is RES_MHAR with H = 1) or RES_HC
+    int H;    // routing heads (mhar); 1 in std and hc mode
+    int S;    // sublayers per block (mhar); 1 = full mode (a source per sublayer); 1 in std and hc
+    int n;    // hyper-connection streams (hc, SPEC section 8); 0 in every other mode
 } Config;
 
 // Named shapes. "100m" is the paper's 100M model (SPEC section 2).
@@ -48,6 +58,7 @@ static void config_apply_preset(Config *c, const char *name) {
 
 static const char *config_mode_name(const Config *c) {
     if (c->mode == RES_STD) { return "std"; }
+    if (c->mode == RES_HC) { return "hc"; }
     if (c->H == 1 && c->S == 1) { return "attnres"; }
     return c->S == 1 ? "mhar" : "block-mhar";
 }
@@ -55,12 +66,14 @@ static const char *config_mode_name(const Config *c) {
 // Fill the derived fields (HD, Vp) and die with a clear message on any
 // inconsistent value. `where` names the source of the config (flags or a file).
 static void config_finalize(Config *c, const char *where) {
-    if (c->V < 2 || c->T < 1 || c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1) {
-        die("%s: every size must be positive (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d)",
-            where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F);
+    if (c->V < 2 || c->V > CONFIG_MAX_V || c->T < 1 || c->T > CONFIG_MAX_T || c->L < 1 || c->L > CONFIG_MAX_L ||
+        c->C < 1 || c->C > CONFIG_MAX_C || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->F > CONFIG_MAX_F) {
+        die("%s: sizes out of range (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d); allowed: V 2..%d, T 1..%d, L 1..%d, "
+            "C 1..%d, NH and NKV >= 1, F 1..%d", where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F,
+            CONFIG_MAX_V, CONFIG_MAX_T, CONFIG_MAX_L, CONFIG_MAX_C, CONFIG_MAX_F);
     }
-    if (c->mode != RES_STD && c->mode != RES_MHAR) {
-        die("%s: residual mode %d is unknown; use std, mhar or attnres", where, c->mode);
+    if (c->mode != RES_STD && c->mode != RES_MHAR && c->mode != RES_HC) {
+        die("%s: residual mode %d is unknown; use std, mhar, attnres or hc", where, c->mode);
     }
     if (c->C % c->NH != 0) {
         die("%s: NH=%d does not divide C=%d; pick NH so that C/NH is a whole head dim", where, c->NH, c->C);
@@ -72,20 +85,26 @@ static void config_finalize(Config *c, const char *where) {
     if (c->HD % 2 != 0) {
         die("%s: head dim C/NH=%d is odd; RoPE rotates pairs, so choose C/NH even", where, c->HD);
     }
-    if (c->mode == RES_STD) { c->H = 1; c->S = 1; }
+    if (c->mode == RES_STD || c->mode == RES_HC) { c->H = 1; c->S = 1; }
+    if (c->mode != RES_HC) { c->n = 0; }
+    if (c->mode == RES_HC && (c->n < 1 || c->n > 64)) {
+        die("%s: hc_n=%d streams; hyper-connections need 1 to 64 streams (the paper uses 4)", where, c->n);
+    }
     if (c->H < 1 || c->C % c->H != 0) {
         die("%s: H=%d does not divide C=%d; routing heads must split the width evenly (try H=1,2,4,8)",
             where, c->H, c->C);
     }
-    if (c->L > 511) { die("%s: L=%d is over the supported 511 blocks", where, c->L); }
-    if (c->S < 1) { die("%s: S=%d; sublayers per block must be at least 1 (1 = full mhar)", where, c->S); }
-    c->Vp = (c->V + 127) / 128 * 128;
+    if (c->S < 1 || c->S > 2 * c->L) {
+        die("%s: S=%d sublayers per block is out of range; use 1 (full mhar) to 2L=%d", where, c->S, 2 * c->L);
+    }
+    c->Vp = (c->V + 127) / 128 * 128;   // no overflow: V <= CONFIG_MAX_V
 }
 
 static void config_print(const Config *c, FILE *f) {
     fprintf(f, "model: %s  L=%d C=%d NH=%d NKV=%d HD=%d F=%d T=%d V=%d (Vp=%d)",
             config_mode_name(c), c->L, c->C, c->NH, c->NKV, c->HD, c->F, c->T, c->V, c->Vp);
     if (c->mode == RES_MHAR) { fprintf(f, " H=%d S=%d", c->H, c->S); }
+    if (c->mode == RES_HC) { fprintf(f, " n=%d", c->n); }
     fprintf(f, "\n");
 }
 
@@ -108,11 +127,15 @@ enum {
     P_LNFW,  // (C)          final norm g_f
     P_RQ,    // (2L+1, C)    routing pseudo-queries q_j (mhar only)
     P_RG,    // (2L+1, C)    routing key-norm weights gamma_j (mhar only)
+    P_HCALPHA, // (2L, n)    hc read logits alpha_j: sublayer j reads softmax(alpha_j) of the streams (hc only)
+    P_HCA,   // (2L, n, n)   hc stream mix A_j[r,s] (hc only)
+    P_HCBETA,  // (2L, n)    hc write weights beta_j: stream r gets beta_j[r] * o_j (hc only)
     NUM_PARAM_TENSORS
 };
 
 static const char *const param_names[NUM_PARAM_TENSORS] = {
-    "wte", "ln1w", "wq", "wk", "wv", "qnw", "knw", "wo", "ln2w", "wg", "wu", "wd", "lnfw", "rq", "rg"};
+    "wte", "ln1w", "wq", "wk", "wv", "qnw", "knw", "wo", "ln2w", "wg", "wu", "wd", "lnfw", "rq", "rg",
+    "hcalpha", "hca", "hcbeta"};
 
 static void param_sizes(const Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
     size_t L = c->L, C = c->C, HD = c->HD, F = c->F;
@@ -133,6 +156,10 @@ static void param_sizes(const Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
     sizes[P_LNFW] = C;
     sizes[P_RQ] = sites * C;
     sizes[P_RG] = sites * C;
+    size_t hcn = c->mode == RES_HC ? (size_t)c->n : 0;   // 0 in other modes: their checkpoints are unchanged
+    sizes[P_HCALPHA] = 2 * L * hcn;
+    sizes[P_HCA] = 2 * L * hcn * hcn;
+    sizes[P_HCBETA] = 2 * L * hcn;
 }
 
 static size_t param_count(const Config *c) {
@@ -143,7 +170,8 @@ static size_t param_count(const Config *c) {
 }
 
 // AdamW weight decay applies to the matrices only, not to norm weights,
-// routing queries or gammas (the usual choice; SPEC section 6 is silent).
+// routing queries or gammas (the usual choice; SPEC section 6 is silent), nor
+// to hc's alpha, A, beta (SPEC section 8).
 static int param_is_decayed(int i) {
     return i == P_WTE || i == P_WQ || i == P_WK || i == P_WV || i == P_WO ||
            i == P_WG || i == P_WU || i == P_WD;
@@ -178,8 +206,10 @@ static int site_sources(const Config *c, int j, int *src) {
 // ---------------------------------------------------------------------------
 // Initialisation (SPEC section 6): every matrix N(0, std^2), norm weights and
 // routing gammas 1, routing queries 0; the padding rows V..Vp-1 of wte are 0
-// (they never reach the softmax). Draws come from one xorshift stream in
-// tensor order, so both trainers start from the same float32 bits.
+// (they never reach the softmax). hc (SPEC section 8): alpha 0.02 N(0,1),
+// A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1), with SPEC's fixed 0.02 (not
+// -init_std, which scales the matrices only). Draws come from one xorshift
+// stream in tensor order, so both trainers start from the same float32 bits.
 static void params_init(float *p, const Config *c, uint64_t seed, float std) {
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(c, sizes);
@@ -190,6 +220,11 @@ static void params_init(float *p, const Config *c, uint64_t seed, float std) {
             if (i == P_RQ) { x = 0.0f; }
             else if (i == P_LN1W || i == P_LN2W || i == P_QNW || i == P_KNW || i == P_LNFW || i == P_RG) { x = 1.0f; }
             else if (i == P_WTE && k >= (size_t)c->V * c->C) { x = 0.0f; }
+            else if (i == P_HCALPHA) { x = (float)(0.02 * rng_normal(&rng)); }
+            else if (i == P_HCA) {   // (2L, n, n): the identity plus noise
+                size_t r = k / c->n % c->n, s = k % c->n;
+                x = (float)((r == s ? 1.0 : 0.0) + 0.02 * rng_normal(&rng));
+            } else if (i == P_HCBETA) { x = (float)((k % c->n == 0 ? 1.0 : 0.0) + 0.02 * rng_normal(&rng)); }
             else { x = (float)(std * rng_normal(&rng)); }
             p[k] = x;
         }

@@ -10,6 +10,8 @@
 #   3. the width disagreement (route_probe -k, SPEC section 10): --self-test's hand-computed KLs,
 #      then trained attnres and mhar H=4 checkpoints (the probe's alpha and slices against the
 #      model's own weights), zero queries (KL 0), the seeded null, dev/plot_width.py.
+#   4. dev/plot_hc.py on a tiny hc checkpoint (SPEC section 8): a PNG and its summary line;
+#      an mhar checkpoint gives a one-line error.
 # Prints one PASS/FAIL line per check and "N passed, N failed"; exits 1 on any failure.
 #   bash dev/test_plots.sh        (needs ./train_mhar: make train_mhar)
 set -u
@@ -229,5 +231,21 @@ $PY dev/plot_routing.py "$W/std/log.txt" --out "$W/x.png" > /dev/null 2> "$W/err
 rc=$?
 check "plot_routing.py on a non-probe file: exit 1, one-line error" \
     eval '[ $rc -eq 1 ] && one_line_error "$W/err.txt" "$W/std/log.txt"'
+
+# ---------------------------------------------------------------- plot_hc.py (SPEC section 8)
+train -r hc -hc_n 4 -n 20 -lr 1e-2 -o "$W/hc"
+check "train_mhar -r hc -hc_n 4 saves a checkpoint" [ -f "$W/hc/ckpt_000020.bin" ]
+$PY dev/plot_hc.py "$W/hc/ckpt_000020.bin" --out "$W/hc.png" > "$W/hc.out" 2>&1
+check "plot_hc.py draws the hc checkpoint's w, A, beta as a PNG of > 10 KB" is_png "$W/hc.png" 10000
+check "plot_hc.py: read weights within [0, 1], 4 sublayers, n=4" \
+    $PY -c "
+import re, sys
+s = open('$W/hc.out').read()
+m = re.search(r'(\d+) sublayers, n=(\d+); read weights ([-\d.]+) \.\. ([-\d.]+)', s)
+sys.exit(0 if m and m.group(1) == '4' and m.group(2) == '4' and 0 <= float(m.group(3)) <= float(m.group(4)) <= 1 else 1)"
+$PY dev/plot_hc.py "$W/m/ckpt_000040.bin" --out "$W/hc_m.png" > /dev/null 2> "$W/err.txt"
+rc=$?
+check "plot_hc.py on an mhar checkpoint: exit 1, one-line error, no PNG" \
+    eval '[ $rc -eq 1 ] && one_line_error "$W/err.txt" "no hyper-connections: mhar mode" && [ ! -e "$W/hc_m.png" ]'
 
 finish

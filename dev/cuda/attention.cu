@@ -43,7 +43,7 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       ablations (NOTES_attention.md, "v4 variants").
 Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
 
-STATUS (H200, 2026-11-29; results/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
+STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
 Backward at 16,2048,8,4,64: v2 0.957 ms; v4 1.494; best lite (4.4) 1.109; ablations: v4 without
 turns 1.222, lite without order (racy red) 0.807, without dQ 0.593 (v4) / 0.531 (lite). Ordering

@@ -79,7 +79,7 @@ metric of test_mhar and README_cuda; PASS needs, for every element,
     over up to 2.6e5 rows of terms of both signs).
 
 STATUS: run on an H200 (2026-11-29): --check PASS for every op and version,
-repeats bit-identical; --bench in dev/cuda/results/elementwise_h200_2026-11-29.txt
+repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
 (NOTES_elementwise.md). compute-sanitizer has not been run on this file yet.
 Before that it was written and compiled on a machine without a GPU (nvcc 13.0, no
 warnings), where --cpu-selftest and --bytes ran.
@@ -1394,7 +1394,7 @@ static void print_time(const char *op, int ver, const char *what, float ms, floa
 }
 
 // The H200 per-op profile of the trainer (session 2, 100m, B=16, T=2048; ms per
-// step; dev/cuda/results/bench_gpu_h200_2026-11-29.txt for v2/v3; the v1 figures
+// step; bench_gpu_h200_2026-11-29.txt (a raw log of that session, removed from the tree; in git history) for v2/v3; the v1 figures
 // from the profile before df51936 / 5f86eff). 0: not measured.
 static const double PROF_CE[4][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}};
 static const double PROF_QK[4][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}};

@@ -78,7 +78,7 @@ zero dslots). Register budget: the kernels hold a row per lane in registers;
 at C = 2048 (the 1b preset, NP = 8) the backward's four arrays of 64 floats
 per lane spill (correct, slower): untried fix, reload x and du from L1.
 
-STATUS (H200, 2026-11-29; results/residual_h200_2026-11-29.txt): --check all
+STATUS (H200, 2026-11-29; dev/results/lab/residual_h200_2026-11-29.txt): --check all
 PASS on 6 shapes for fwd and bwd, v1 and v2, repeats bit-identical, v2's
 recomputed u and stat-only r bit-identical to the forward's, after the u/rstd
 tolerance fix above (bf16 unit roundoff 2^-8, not 2^-9). --bench (24 calls, 100m;

@@ -102,12 +102,19 @@ class MHAR(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None):
         """SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0.
+        SPEC 8 (hc): alpha 0.02 N(0,1), A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1).
         CHOICE: the padded rows V..Vp-1 of wte are set to 0 (they never enter the loss)."""
         for name, p in self.named_parameters():
             if name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
                 p.fill_(1.0)
             elif name == "rq":
                 p.zero_()
+            elif name in ("hcalpha", "hca", "hcbeta"):
+                p.normal_(0.0, 0.02, generator=generator)
+                if name == "hca":
+                    p += torch.eye(self.cfg.n, dtype=p.dtype)
+                if name == "hcbeta":
+                    p[:, 0] += 1.0
             else:
                 p.normal_(0.0, 0.02, generator=generator)
         self.wte[self.cfg.V:].zero_()
@@ -198,6 +205,20 @@ class MHAR(nn.Module):
         sources = blocks if partial is None else blocks + [partial]
         return route(sources, self.rq[j], self.rg[j], H)
 
+    def _stream_hc(self, x0: torch.Tensor) -> torch.Tensor:
+        """SPEC 8 hyper-connections with n streams X_r (stacked as (n, B, T, C)):
+        X_r = embedding for every r; per sublayer j, w = softmax(alpha_j),
+        h_j = sum_r w[r] X_r, o_j = f_j(rmsnorm(h_j)), X'_r = sum_s A_j[r,s] X_s + beta_j[r] o_j;
+        h_final = mean over r of X_r."""
+        n = self.cfg.n
+        X = x0.unsqueeze(0).expand(n, *x0.shape)
+        for j in range(2 * self.cfg.L):
+            w = torch.softmax(self.hcalpha[j], dim=0)
+            h = torch.einsum("r,rbtc->btc", w, X)
+            o = self.sublayer(j, h)
+            X = torch.einsum("rs,sbtc->rbtc", self.hca[j], X) + self.hcbeta[j][:, None, None, None] * o
+        return X.mean(dim=0)
+
     # ------------------------------------------------------------------ forward
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
@@ -212,6 +233,8 @@ class MHAR(nn.Module):
         """Embedding -> h_final, by the residual mode of the config (SPEC 4, 5)."""
         if self.cfg.mode == "std":
             return self._stream_std(x0)
+        if self.cfg.mode == "hc":
+            return self._stream_hc(x0)
         if self.cfg.S == 1:
             return self._stream_full(x0)
         return self._stream_block(x0, self.cfg.S)

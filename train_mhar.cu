@@ -41,6 +41,12 @@ softmax and the site's RMSNorm; it keeps per site the log-sum-exp of the weights
 stores each site's dL/dh_j, then gathers each slot's gradient from all the sites
 that read it, in fp32, visiting the slots in reverse order: one (B, T, C) fp32
 slot gradient at a time, written once.
+
+Hyper-connections (SPEC section 8, -r hc -hc_n n): slot j+1 keeps o_j, and the
+n streams after each sublayer are kept (Acts.hcx); kernels/hc.cuh fuses the
+update of sublayer j with the read of site j+1 in the forward, and the read's
+backward of site j with the update's backward of sublayer j-1, keeping one fp32
+stream gradient (N, n, C) updated in place. The norms are std's kernels.
 */
 #include <sys/resource.h>
 #include <type_traits>
@@ -793,7 +799,9 @@ void model_zero_grad(Model *m) {
 // written by the forward when it was given this dloss: m->ce_dloss).
 // Order: the final site, then for j = 2L-1 .. 0 sublayer j and site j. In mhar
 // mode site j ends with the gather of slot j (site_backward), and the routing
-// q and gamma gradients are summed once at the end (route_param_backward).
+// q and gamma gradients are summed once at the end (route_param_backward). In
+// hc mode site j ends with its read's and sublayer j-1's update's backward
+// (hc_site_backward), which writes the dout of sublayer j-1.
 void model_backward(Model *m, float dloss) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;

@@ -942,7 +942,9 @@ static void check_gpu(void) {
     // forward and gather fallbacks; the flash and layout configs the fast kernels (the
     // forward grouped wherever allowed: gpu_api.h's create); "C=2048 H=8" (C > 1024) the
     // forward fallback with its row ring, "C=256 L=17" (slots read by 33 to 35 sites) the
-    // gather fallback with its row ring.
+    // gather fallback with its row ring. The hc cases run kernels/hc.cuh (one kernel for every
+    // precision and shape): at C = 32 four lanes of each warp hold a pack, at C = 512 every lane
+    // two; n = 4 and n = 2 are two of its template cases; gpu_test_params gives hc's parameters.
     const GpuCase cases[] = {
         {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0, 0},
         {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0, 0},

@@ -599,7 +599,17 @@ static Config gpu_layout_config_L(int C, int H, int L) {
 }
 static Config gpu_layout_config(int C, int H) { return gpu_layout_config_L(C, H, 2); }
 
-// Moderate parameters (see above), in place of model_randomize.
+// config c in hc mode with n streams (SPEC section 8): the GPU hc kernels take n = 1, 2, 4, 8
+static Config gpu_hc_config(Config c, int n) {
+    c.mode = RES_HC; c.n = n;
+    config_finalize(&c, "gpu hc test");
+    return c;
+}
+
+// Moderate parameters (see above), in place of model_randomize. hc's take their
+// init's shape with larger noise, so every term of the streams' mix is exercised:
+// A = I + N(0, 0.1^2), beta = e_0 + N(0, 0.1^2) (0.1 z alone would wash the streams
+// out over the sublayers), alpha N(0, 0.5^2) (read weights far from uniform).
 static void gpu_test_params(Model *m, uint64_t seed) {
     const Config *c = &m->cfg;
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 11;
@@ -611,6 +621,9 @@ static void gpu_test_params(Model *m, uint64_t seed) {
             else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
                 p[i] = (real)(1 + 0.1 * z);
             } else if (ti == P_WTE && i >= (size_t)c->V * c->C) { p[i] = 0; }   // padding rows
+            else if (ti == P_HCALPHA) { p[i] = (real)(0.5 * z); }
+            else if (ti == P_HCA) { p[i] = (real)((i / c->n % c->n == i % c->n ? 1 : 0) + 0.1 * z); }
+            else if (ti == P_HCBETA) { p[i] = (real)((i % c->n == 0 ? 1 : 0) + 0.1 * z); }
             else { p[i] = (real)(0.1 * z); }
         }
         p += m->sizes[ti];
@@ -766,8 +779,9 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
     free(pf); free(glogits); free(ggrads); free(in); free(tg);
 }
 
-// The GPU trainer binaries, run as subprocesses on the learnable data of section 3.
-static void check_gpu_trainer_binaries(void) {
+// The GPU trainer binaries, run as subprocesses on the learnable data of section 3, in the
+// residual mode of the flags mode (e.g. "-r mhar -H 2 -S 2").
+static void check_gpu_trainer_binaries(const char *mode) {
     if (access("./train_mhar_cu", X_OK) != 0 || access("./train_mhar_cu_fp32", X_OK) != 0 || access("./train_mhar", X_OK) != 0) {
         check(0, "./train_mhar, ./train_mhar_cu and ./train_mhar_cu_fp32 exist (make train_mhar train_mhar_cu train_mhar_cu_fp32)");
         return;
@@ -781,7 +795,9 @@ static void check_gpu_trainer_binaries(void) {
     snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
     write_shard(path, tok, n, 20240520, 1);
     free(tok);
-    const char *flags = "-preset test -V 61 -r mhar -H 2 -S 2 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -j '' -n 20 -ckpt_every 10";
+    char flags[512];
+    snprintf(flags, sizeof(flags), "-preset test -V 61 %s -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -j '' -n 20 "
+             "-ckpt_every 10", mode);
     const char *bins[4] = {"./train_mhar_cu", "./train_mhar_cu", "./train_mhar_cu_fp32", "./train_mhar"};
     const char *dirs[4] = {"bf16a", "bf16b", "fp32", "cpu"};
     char l[4][64][32];
@@ -794,8 +810,8 @@ static void check_gpu_trainer_binaries(void) {
     }
     int same = rc == 0 && nl[0] == 20 && nl[1] == 20;
     for (int i = 0; same && i < 20; i++) { same = strcmp(l[0][i], l[1][i]) == 0; }
-    check(same, "GPU bf16 trainer: two runs with the same seed give bit-identical losses (step 20: %s vs %s)",
-          nl[0] == 20 ? l[0][19] : "?", nl[1] == 20 ? l[1][19] : "?");
+    check(same, "GPU bf16 trainer %s: two runs with the same seed give bit-identical losses (step 20: %s vs %s)",
+          mode, nl[0] == 20 ? l[0][19] : "?", nl[1] == 20 ? l[1][19] : "?");
     // fp32 GPU against the float32 CPU trainer: same init bits, batches, schedule and clipping.
     // Measured on an H200 (CUDA 13.0): worst relative loss difference 1.5e-7 over the 20 steps,
     // 1.2e-7 for the crossed-over checkpoints below; tolerance 1e-5.
@@ -803,8 +819,8 @@ static void check_gpu_trainer_binaries(void) {
     for (int i = 0; i < 20 && nl[2] == 20 && nl[3] == 20; i++) {
         worst = max_nan(worst, fabs(atof(l[2][i]) - atof(l[3][i])) / fabs(atof(l[3][i])));
     }
-    check(rc == 0 && worst < 1e-5, "GPU fp32 trainer follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
-          nl[2] == 20 ? l[2][19] : "?", nl[3] == 20 ? l[3][19] : "?", worst);
+    check(rc == 0 && worst < 1e-5, "GPU fp32 trainer %s follows the CPU trainer for 20 steps (loss %s vs %s, worst rel %.1e)",
+          mode, nl[2] == 20 ? l[2][19] : "?", nl[3] == 20 ? l[3][19] : "?", worst);
     // checkpoints cross over: the GPU resumes from the CPU's step-10 file and vice versa
     char x[2][64][32];
     int nx[2];
@@ -821,8 +837,8 @@ static void check_gpu_trainer_binaries(void) {
         worst = max_nan(worst, fabs(atof(x[0][i]) - atof(l[3][10 + i])) / fabs(atof(l[3][10 + i])));
         worst = max_nan(worst, fabs(atof(x[1][i]) - atof(l[2][10 + i])) / fabs(atof(l[2][10 + i])));
     }
-    check(rc == 0 && worst < 1e-5, "checkpoints cross over: GPU fp32 resumed from the CPU's step 10 and CPU from the GPU's "
-          "continue like the runs that saved them (worst rel %.1e)", worst);
+    check(rc == 0 && worst < 1e-5, "checkpoints cross over (%s): GPU fp32 resumed from the CPU's step 10 and CPU from the "
+          "GPU's continue like the runs that saved them (worst rel %.1e)", mode, worst);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
@@ -909,12 +925,12 @@ static void check_gpu(void) {
     GpuPrecision flash[2] = {precs[0], precs[1]};
     flash[1].tol_train = 2e-2;
     // MHAR_GPU_QUICK=1 (for compute-sanitizer racecheck, which is slow): block
-    // mode, and the bf16 flash configs at T = 150, only, 2 steps, no trainer
+    // mode, hc n=4, and the bf16 flash configs at T = 150, only, 2 steps, no trainer
     // binaries. Block S=4 runs the routing kernels' fast paths in bf16 and their
     // fallbacks in fp32 (not the row-ring fallbacks of the wide and deep configs).
     const char *qenv = getenv("MHAR_GPU_QUICK");
     int quick = qenv != NULL && qenv[0] != '\0' && strcmp(qenv, "0") != 0;
-    if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4 and bf16 flash T=150 only, 2 training steps\n"); }
+    if (quick) { printf("note: MHAR_GPU_QUICK set: block S=4, hc n=4 and bf16 flash T=150 only, 2 training steps\n"); }
     // The comparisons, in order. tiny: the tolerances of precs (else flash); quick: also in the
     // quick subset, with 2 steps (1: both precisions, 2: bf16 only, the flash build's kernels).
     // The layout configs train 2 steps: they check kernel layouts, not learning dynamics.
@@ -926,12 +942,16 @@ static void check_gpu(void) {
     // forward and gather fallbacks; the flash and layout configs the fast kernels (the
     // forward grouped wherever allowed: gpu_api.h's create); "C=2048 H=8" (C > 1024) the
     // forward fallback with its row ring, "C=256 L=17" (slots read by 33 to 35 sites) the
-    // gather fallback with its row ring.
+    // gather fallback with its row ring. The hc cases run kernels/hc.cuh (one kernel for every
+    // precision and shape): at C = 32 four lanes of each warp hold a pack, at C = 512 every lane
+    // two; n = 4 and n = 2 are two of its template cases; gpu_test_params gives hc's parameters.
     const GpuCase cases[] = {
         {"std", gpu_test_config(RES_STD, 1, 1), 1, 10, 0, 0},
         {"attnres", gpu_test_config(RES_MHAR, 1, 1), 1, 10, 0, 0},
         {"mhar H=8", gpu_test_config(RES_MHAR, 8, 1), 1, 10, 0, 0},
         {"block S=4", gpu_test_config(RES_MHAR, 4, 4), 1, 10, 1, 0},
+        {"hc n=4", gpu_hc_config(gpu_test_config(RES_STD, 1, 1), 4), 1, 10, 1, 0},
+        {"hc n=2", gpu_hc_config(gpu_test_config(RES_STD, 1, 1), 2), 1, 10, 0, 0},
         {"HD=64 T=256", gpu_flash_config(64, 4, 2, 256), 0, 5, 0, 0},
         {"HD=128 T=256", gpu_flash_config(128, 2, 1, 256), 0, 5, 0, 0},
         {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 0, 5, 2, 0},   // whole and partial tiles
@@ -939,6 +959,7 @@ static void check_gpu(void) {
         {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0, 0},
         {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0, 0},
         {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0, 0},
+        {"hc C=512 n=4", gpu_hc_config(gpu_layout_config(512, 1), 4), 0, 2, 0, 0},   // the 100M width
         // 34 sublayers of gpu_test_params' N(0, 0.1^2) matrices amplify any perturbation:
         // dev/loss_sensitivity measures what one bf16 rounding of the parameters alone does to
         // this check's float64 side (4 seeds): loss up to 1.8e-3, logits 9.6e-2, gradients 2.9e-1
@@ -952,7 +973,8 @@ static void check_gpu(void) {
         for (int k = 0; k < ncases; k++) { check_gpu_case(&cases[k], precs, flash, p, quick, ""); }
     }
     if (!quick) {
-        check_gpu_trainer_binaries();
+        check_gpu_trainer_binaries("-r mhar -H 2 -S 2");
+        check_gpu_trainer_binaries("-r hc -hc_n 4");
     }
 }
 #endif

@@ -45,6 +45,12 @@ softmax and the site's RMSNorm; it keeps per site the log-sum-exp of the weights
 stores each site's dL/dh_j, then gathers each slot's gradient from all the sites
 that read it, in fp32, visiting the slots in reverse order: one (B, T, C) fp32
 slot gradient at a time, written once.
+
+Hyper-connections (SPEC section 8, -r hc -hc_n n): slot j+1 keeps o_j, and the
+n streams after each sublayer are kept (Acts.hcx); kernels/hc.cuh fuses the
+update of sublayer j with the read of site j+1 in the forward, and the read's
+backward of site j with the update's backward of sublayer j-1, keeping one fp32
+stream gradient (N, n, C) updated in place. The norms are std's kernels.
 */
 #include <sys/resource.h>
 #include <type_traits>
@@ -62,6 +68,8 @@ slot gradient at a time, written once.
 #include "common/tokenizer.h"
 #include "common/gpu_api.h"
 #include "common/dist.h"   // here, outside the namespace: it includes system headers (and nccl.h)
+
+#define TRAINER_HAS_HC   // common/train_loop.h: this trainer runs -r hc
 
 #ifdef PRECISION_FP32
 typedef float floatX;
@@ -94,6 +102,7 @@ namespace {   // everything but the API and main is internal to this object
 #include "kernels/swiglu.cuh"
 #include "kernels/route_forward.cuh"
 #include "kernels/route_backward.cuh"
+#include "kernels/hc.cuh"
 #include "kernels/crossentropy.cuh"
 #include "kernels/adamw.cuh"
 
@@ -104,26 +113,33 @@ namespace {   // everything but the API and main is internal to this object
 // ParamTensors<floatX> for the weights the kernels read, ParamTensors<float>
 // for the fp32 master weights and gradients.
 template <typename T> struct ParamTensors {
-    T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+    T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg, *hcalpha, *hca, *hcbeta;
 };
 
 template <typename T> void point_params(ParamTensors<T> *p, T *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
     T **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
-                                   &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg};
+                                   &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
+                                   &p->hcalpha, &p->hca, &p->hcbeta};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
 }
 
 // Forward activations kept for backward, in one device allocation. N = B*T
 // positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
 // floatX unless marked fp32.
-#define NUM_ACT_TENSORS 23
+#define NUM_ACT_TENSORS 27
 typedef struct {
     floatX *slots;  // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
     float *slot_r;  // (J, N)     fp32: r_i of each slot (mhar)
     float *route_lse; // (J, N, H)  fp32 log-sum-exp of each site's routing scores per head (mhar):
                       //            the weights a = exp(s - lse) are recomputed in backward
     float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
-    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots)
+    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar); the hc reads h_j (hc);
+                    //            std reads slots
+    floatX *hcx;    // (2L, N, n, C)  hc streams X_j after sublayer j-1, j = 1..2L (X_0 is n copies of
+                    //            slot 0, never stored) (hc)
+    float *hc_w;    // (J, n)     fp32 hc read weights softmax(alpha_j); [2L] = 1/n (hc; hc_prepare)
+    float *hc_A32;  // (2L, n, n) fp32 copy of hc's A (hc; hc_prepare)
+    float *hc_beta32; // (2L, n)  fp32 copy of hc's beta (hc; hc_prepare)
     floatX *ln;     // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm. mhar: one (N, C)
                     //            buffer, u of the last site written; the backward recomputes u_j
                     //            into it from h_j and rstd_j (route_site_backward, fused)
@@ -149,11 +165,12 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 21
+#define NUM_GRAD_ACT_TENSORS 25
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
-                    // added into it; mhar: route_slot_backward turns dslot j+1 into dslot j in place
+                    // added into it; mhar: route_slot_backward turns dslot j+1 into dslot j in place;
+                    // hc: only dslot 0, the embedding's gradient (site 0's read backward)
     float *dln;     // (N, C)  gradient of the normalised input u_j
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
     floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
@@ -172,6 +189,11 @@ typedef struct {
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *route_fwdp; // (K-1, N, C), then (K-1, N, H): the grouped routing forward's partials (mhar,
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
+    float *hc_dXp;  // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
+                    //            site j, updated in place from site 2L down to site 1 (hc)
+    float *hc_dh;   // (N, C)  hc: dL/dh_j of the site being differentiated (its norm's backward)
+    float *hc_partial; // (hc_partial_floats(N, n))  per-part sums of dw, dA, dbeta (hc)
+    float *hc_dw;   // (n)  hc: dL/dw_j of the site being differentiated (into dalpha_j)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
 } GradActs;
@@ -246,6 +268,13 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
         cublasCheck(cublasCreate(&cublas));
         cublasCheck(cublasSetAtomicsMode(cublas, CUBLAS_ATOMICS_NOT_ALLOWED));   // deterministic
         cublasCheck(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));              // no TF32 unless asked
+    }
+    if (cfg->mode == RES_HC && cfg->n != 1 && cfg->n != 2 && cfg->n != 4 && cfg->n != 8) {
+        die("-hc_n %d: the CUDA trainer's hc kernels take 1, 2, 4 or 8 streams; use one of those, or the CPU "
+            "trainer train_mhar for other n", cfg->n);
+    }
+    if (cfg->mode == RES_HC && cfg->C % 8 != 0) {
+        die("-C %d: the CUDA trainer's hc kernels need C a multiple of 8", cfg->C);
     }
     attention_setup(cfg->HD);
     crossentropy_setup(cfg->Vp);
@@ -330,7 +359,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     const Config *c = &m->cfg;
     size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
-    int mhar = c->mode == RES_MHAR;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    size_t hn = hc ? (size_t)c->n : 0;   // hc streams (0: no hc buffers)
     size_t pairs = mhar ? m->pair_off[J] : 0;
     int any_chain = 0;   // does some slot chain (std, block mode)? Then a->out is needed
     for (size_t j = 0; j + 1 < J; j++) { any_chain |= slot_chains(c, (int)j); }
@@ -339,7 +369,9 @@ void model_alloc_acts(Model *m, int B, int T) {
     TensorSpec as[NUM_ACT_TENSORS] = {
         {(void **)&a->slots, J * N * C, X}, {(void **)&a->slot_r, mhar ? J * N : 0, S},
         {(void **)&a->route_lse, mhar ? J * N * c->H : 0, S}, {(void **)&a->route_qg, mhar ? J * C : 0, S},
-        {(void **)&a->h, mhar ? J * N * C : 0, X},
+        {(void **)&a->h, mhar || hc ? J * N * C : 0, X},
+        {(void **)&a->hcx, (J - 1) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
+        {(void **)&a->hc_A32, (J - 1) * hn * hn, S}, {(void **)&a->hc_beta32, (J - 1) * hn, S},
         {(void **)&a->ln, mhar ? N * C : J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
         {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
         {(void **)&a->q, L * N * QD, X}, {(void **)&a->k, L * N * KVD, X}, {(void **)&a->v, L * N * KVD, X},
@@ -369,6 +401,8 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_dsr, mhar ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
+        {(void **)&g->hc_dXp, N * hn * C, S}, {(void **)&g->hc_dh, hc ? N * C : 0, S},
+        {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n) : 0, S}, {(void **)&g->hc_dw, hn, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
     if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
@@ -530,8 +564,10 @@ void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
-// u_j: std keeps every site's; mhar one buffer (Acts.ln)
-#define ULN(j) (a->ln + (m->cfg.mode == RES_STD ? (size_t)(j) * N * C : 0))
+// u_j: std and hc keep every site's; mhar one buffer (Acts.ln)
+#define ULN(j) (a->ln + (m->cfg.mode != RES_MHAR ? (size_t)(j) * N * C : 0))
+// hc: the streams X_j (N, n, C) after sublayer j-1, j >= 1 (X_0: slot 0, standing for its n copies)
+#define HCX(j) (a->hcx + (size_t)((j) - 1) * N * m->cfg.n * C)
 #define SITE_SRC(j) (m->site_src + (size_t)(j) * (2 * m->cfg.L + 1))
 #define SLOT_RD(k) (m->slot_rd + (size_t)(k) * (2 * m->cfg.L + 1))
 #define SLOT_RD_PAIR(k) (m->slot_rd_pair + (size_t)(k) * (2 * m->cfg.L + 1))
@@ -555,7 +591,11 @@ float *site_norm_dw(Model *m, int j) {
 // residual stream x_j = slot j; site 0 normalises the embedding here, and each
 // later site's norm was computed with its slot by residual_norm_forward. mhar:
 // h_j = route_j over the slots of site j's sources, and route_forward applies
-// the norm in the same kernel (keeping h_j and lse_j for backward).
+// the norm in the same kernel (keeping h_j and lse_j for backward). hc: h_j
+// = hc_read of the streams X_j with w_j = softmax(alpha_j) (hc_prepare made the
+// weights of every site, as the CPU's hc_weights_forward): site 0 reads X_0 =
+// hc_expand(slot 0) here, straight from slot 0; each later site's read was fused
+// with the update before it (hc_update_read_forward in model_forward); then the norm.
 // Grouped (m->fwd_lead): a group's first site also writes the partials of
 // the group's other sites into route_fwdp, and each of those starts from its
 // own and reads only the sources after its leader's.
@@ -567,6 +607,13 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     float *rstd = a->ln_rstd + (size_t)j * N;
     if (c->mode == RES_STD) {
         if (j == 0) { rmsnorm_forward(u, rstd, SLOT(0), w, N, c->C); }
+        return u;
+    }
+    if (c->mode == RES_HC) {
+        floatX *hj = a->h + (size_t)j * N * C;
+        // hc_expand_forward + hc_read_forward of site 0: h_0 = sum_r w_0[r] slot 0 (the CPU's sum)
+        if (j == 0) { hc_update_read_forward(NULL, hj, SLOT(0), NULL, NULL, NULL, a->hc_w, N, c->C, c->n, 1); }
+        rmsnorm_forward(u, rstd, hj, w, N, c->C);
         return u;
     }
     // partial x (site lead + 1 + x): hbar (N, C) at ph + x N C, lse_p (N, H) at pl + x N H
@@ -586,6 +633,45 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     return u;
 }
 
+// hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. The norm
+// u_j = rmsnorm(h_j; w) into g->hc_dh, then one fused pass (hc_read_update_backward)
+// over the streams for the CPU's hc_read_backward of site j and hc_update_backward
+// of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to
+// A_{j-1}^T dX_j in place, g->dout = do_{j-1} (the dout of sublayer j-1), and
+// dA_{j-1}, dbeta_{j-1}, dw_j += their sums; hc_weights_backward turns dw_j into
+// dalpha_j (the final read's w = 1/n is fixed). Site 0: hc_read_backward and
+// hc_expand_backward into g->dslots (dslot 0, which encoder_backward reads);
+// dalpha_0 is 0 (its streams are equal copies, hc.cuh).
+void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    ParamTensors<float> *dp = &m->grads;
+    size_t C = c->C, n = (size_t)c->n, J2 = 2 * (size_t)c->L;
+    int last = (size_t)j == J2;
+    const float *wj = a->hc_w + (size_t)j * n;
+    op_range("bwd hc: norm");
+    // u_j = rmsnorm(h_j; w): dh_j (set)
+    rmsnorm_backward_residual(g->hc_dh, NULL, dw, g->dln, a->h + (size_t)j * N * C, a->ln_rstd + (size_t)j * N, w, N,
+                              c->C, 0, g->partial);
+    op_range("bwd hc: read + update");
+    if (j == 0) {   // h_0 = hc_read(X_0), X_0 = hc_expand(slot 0): dslot 0 = sum_r dX_0,r
+        zero(g->dslots, N * C * sizeof(float));
+        hc_read_update_backward(NULL, NULL, g->dslots, NULL, NULL, NULL, g->hc_partial, g->hc_dXp, g->hc_dh, NULL, wj,
+                                NULL, NULL, NULL, NULL, N, c->C, c->n);
+        return;
+    }
+    // h_j = sum_r w_j[r] X_j,r;  X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
+    if (!last) { zero(g->hc_dw, n * sizeof(float)); }
+    size_t jp = (size_t)j - 1;
+    hc_read_update_backward(g->hc_dXp, g->dout, NULL, last ? NULL : g->hc_dw, dp->hca + jp * n * n,
+                            dp->hcbeta + jp * n, g->hc_partial, last ? NULL : g->hc_dXp, g->hc_dh,
+                            last ? NULL : HCX(j), wj, j == 1 ? SLOT(0) : HCX(j - 1), SLOT(j),
+                            a->hc_A32 + jp * n * n, a->hc_beta32 + jp * n, N, c->C, c->n, j == 1);
+    // w_j = softmax(alpha_j)
+    if (!last) { hc_weights_backward(dp->hcalpha + (size_t)j * n, g->hc_dw, wj, c->n); }
+}
+
 // Backward of site j's u_j = rmsnorm(h_j; w), given g->dln = dL/du_j; adds the
 // norm weight's gradient into dw. std: h_j = slot j = x_j, and x_{j+1} = x_j +
 // out_j, so dslots, which holds dL/dx_{j+1} (nothing at the last site), gets
@@ -596,6 +682,7 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 // them have stored theirs by now: route_slot_backward gathers slot j's gradient
 // into dslots, over the dslot j+1 it holds (added in when slot j+1 = out_j + slot j),
 // and route_slot_qgamma sums its readers' shares of the q and gamma gradients.
+// hc: hc_site_backward (above).
 void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX *u) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -606,6 +693,7 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
                                   c->C, (size_t)j + 1 < J, g->partial);
         return;
     }
+    if (c->mode == RES_HC) { hc_site_backward(m, (int)j, N, w, dw); return; }
     op_range("bwd route: site G, S");
     route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, u, g->dln,
                         a->h + j * N * C, a->ln_rstd + j * N, w, N, m->route_geo);
@@ -640,7 +728,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     Acts *a = &m->acts;
     ParamTensors<floatX> *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, L = c->L;
-    int mhar = c->mode == RES_MHAR;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
     memcpy(m->inputs, inputs, N * sizeof(int));
     op_range("fwd encoder");
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
@@ -648,6 +736,12 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     if (mhar) {
         route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C);
         source_stat_forward(a->slot_r, SLOT(0), N, c->C);
+    }
+    if (hc) {   // hc_weights_forward of every site (and 1/n for the final read), A and beta in fp32,
+                // from the fp32 master (in bf16 too: tiny tensors, exact weights)
+        op_range("fwd hc weights");
+        hc_prepare(a->hc_w, a->hc_A32, a->hc_beta32, m->master.hcalpha, m->master.hca, m->master.hcbeta,
+                   (int)(2 * L), c->n);
     }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
@@ -659,8 +753,14 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         floatX *out = chain ? a->out : SLOT(j + 1);
         if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
         else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
-        op_range("fwd residual + r");
-        if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it
+        op_range(hc ? "fwd hc update + read" : "fwd residual + r");
+        if (hc) {   // hc_update_forward of sublayer j (o_j = slot j+1) and hc_read_forward of site j+1, fused:
+                    // X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r
+            const size_t n = (size_t)c->n;
+            hc_update_read_forward(HCX(j + 1), a->h + (j + 1) * N * C, j == 0 ? SLOT(0) : HCX(j), SLOT(j + 1),
+                                   a->hc_A32 + j * n * n, a->hc_beta32 + j * n, a->hc_w + (j + 1) * n, N, c->C,
+                                   c->n, j == 0);
+        } else if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it
             residual_norm_forward(SLOT(j + 1), ULN(j + 1), a->ln_rstd + (j + 1) * N, SLOT(j), out,
                                   site_norm_w(m, (int)j + 1), N, c->C);
         } else if (chain) {   // block sum: slot j+1 = out_j + slot j, and its r
@@ -704,7 +804,9 @@ void model_zero_grad(Model *m) {
 // written by the forward when it was given this dloss: m->ce_dloss).
 // Order: the final site, then for j = 2L-1 .. 0 sublayer j and site j. In mhar
 // mode site j ends with the gather of slot j (site_backward), and the routing
-// q and gamma gradients are summed once at the end (route_param_backward).
+// q and gamma gradients are summed once at the end (route_param_backward). In
+// hc mode site j ends with its read's and sublayer j-1's update's backward
+// (hc_site_backward), which writes the dout of sublayer j-1.
 void model_backward(Model *m, float dloss) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -757,6 +859,7 @@ void model_backward(Model *m, float dloss) {
 }
 
 #undef SLOT
+#undef HCX
 #undef ULN
 #undef SITE_SRC
 #undef SLOT_RD

@@ -67,7 +67,7 @@ static void args_usage(const char *prog) {
         "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1), hc\n"
         "  -H N           routing heads of mhar, must divide C (default 4)\n"
         "  -S N           sublayers per block, 1 = full mhar (default 1)\n"
-        "  -hc_n N        streams of hyper-connections, -r hc (default 4)\n"
+        "  -hc_n N        streams of hyper-connections, -r hc (default 4; train_mhar_cu: 1, 2, 4 or 8)\n"
         "data and output:\n"
         "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
         "  -j GLOB        val shards, \"\" for none (default data/tiny/*_val_*.bin)\n"

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# GPU benchmark of issue 5: our CUDA trainer (std, mhar H=8, block S=4 and S=8) and the PyTorch
+# GPU benchmark of issue 5: our CUDA trainer (std, mhar H=8, block S=4 and S=8, hc n=4) and the PyTorch
 # baseline (dev/torch_ref/bench_torch.py: fast_model.py, torch.compile + bf16 autocast + SDPA +
 # fused AdamW), side by side in one run. The 100M model, B=16, T=2048, random tokens, GPT-2's
 # vocabulary (Vp 50304). PyTorch runs in the configuration TORCH_ARGS names (default: the one
 # expected to be fastest; `bench_torch.py --sweep` measures them all and prints the best flags).
 # Prints tokens/s, MFU, peak GPU memory of each, and the ratios the issue targets:
 #   std >= 1.10x PyTorch std;  mhar H=8 >= 0.93x our std;  block >= 0.97x our std;
-#   memory of mhar <= 1.10x our std.
+#   memory of mhar <= 1.10x our std. hc n=4 (hyper-connections, SPEC section 8) is reported
+#   beside them with its speed and memory against our std (no target: n streams cost n times
+#   std's residual bytes; dev/cuda/hc.cu's notes give the expected figures).
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
-# Then a per-op breakdown of our std and mhar H=8 (the trainer's NVTX ranges under nsys, when
+# Then a per-op breakdown of our std, mhar H=8 and hc n=4 (the trainer's NVTX ranges under nsys, when
 # nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
 #                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
@@ -72,6 +74,7 @@ read -r TPS[std] MEM[std] P < <(ours -r std); got std
 read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8); got mhar8
 read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4); got block4
 read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8); got block8
+read -r TPS[hc4] MEM[hc4] _ < <(ours -r hc -hc_n 4); got hc4
 TPS[torch_std]=0 MEM[torch_std]=0 TPS[torch_mhar8]=0 MEM[torch_mhar8]=0
 if [ "${TORCH:-1}" = 1 ]; then
     read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std); got torch_std
@@ -81,7 +84,7 @@ fi
 L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)
 C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
 {
-    for k in std mhar8 block4 block8 torch_std torch_mhar8; do echo "$k ${TPS[$k]} ${MEM[$k]}"; done
+    for k in std mhar8 block4 block8 hc4 torch_std torch_mhar8; do echo "$k ${TPS[$k]} ${MEM[$k]}"; done
 } | awk -v P="$P" -v L="$L" -v C="$C" -v T="$T" -v peak="$PEAK_TFLOPS" '
     { name[NR] = $1; tps[$1] = $2; mem[$1] = $3 }
     END {
@@ -96,13 +99,14 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
         printf "\ntargets: std/torch_std %s (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
                (tps["torch_std"] > 0 ? sprintf("%.3f", tps["std"] / tps["torch_std"]) : "-"), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
                tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
+        printf "hc n=4 against our std: speed %.3f, memory %.3f\n", tps["hc4"] / tps["std"], (mem["std"] > 0 ? mem["hc4"] / mem["std"] : 0)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 
 # per-op breakdown of 4 steps (GPU time of each NVTX range: kernels/common.cuh's op_range)
 if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
     prof=$(mktemp -d)
-    for mode in "std" "mhar -H 8"; do
+    for mode in "std" "mhar -H 8" "hc -hc_n 4"; do
         echo
         echo "per-op breakdown, our $mode (4 steps):"
         bash dev/nsys_ops.sh "$prof/ops" "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 \

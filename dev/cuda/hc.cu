@@ -50,7 +50,9 @@ Bytes per position per sublayer (n = 4, C = 512), the floor of each op:
 Against the goals (memory at most 1.3x std, speed at least 0.90x std tokens/s at 100m), from
 the repository's std measurement (695K tokens/s, 12.0 GiB: a micro-step of 32768 positions in
 ~47 ms). Predictions, not yet measured:
-  v2 as the trainer would call it (h_j stored, the pre-norm a separate pass each way): memory
+  v2 as the trainer calls it (train_mhar.cu, -r hc: h_j stored, the pre-norm a separate pass
+     each way, rmsnorm_forward and rmsnorm_backward_residual as std's site 0; to measure with
+     dev/bench_gpu.sh's hc4 line): memory
      +24 x 4 KiB streams + 25 x 1 KiB h rows + 8 KiB fp32 dXp = ~129 KiB a position, ~4.2 GB,
      ~1.35x; time ~(38 + 12 for the separate norms - 12 std's fused path) KiB x 24 x 32768
      = ~30 GB, 7.5 ms at the floor: ~0.84x.

@@ -178,7 +178,7 @@ nccl_lib = $(firstword $(wildcard $(1)/lib64/libnccl.so $(1)/lib/libnccl.so $(1)
 NCCL_HOME ?= $(firstword $(foreach d,$(NCCL_CANDIDATES),$(if $(and $(wildcard $(d)/include/nccl.h),$(call nccl_lib,$(d))),$(d))))
 NCCL_LIB = $(if $(NCCL_HOME),$(call nccl_lib,$(NCCL_HOME)))
 NCCL_FLAGS = $(if $(NCCL_LIB),-DMHAR_NCCL -I$(NCCL_HOME)/include)
-NCCL_LDLIBS = $(if $(NCCL_LIB),$(NCCL_LIB) -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NCCL_LIB))))
+NCCL_LDLIBS = $(if $(NCCL_LIB),-Xlinker $(NCCL_LIB) -Xlinker -rpath -Xlinker $(patsubst %/,%,$(dir $(NCCL_LIB))))
 
 train_mhar_cu: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) $(NCCL_FLAGS) -o $@ $< $(CUDA_LDLIBS) $(NCCL_LDLIBS)

@@ -44,6 +44,14 @@ static Config tiny_config(int mode, int H, int S) {
     return c;
 }
 
+// delta mode (SPEC section 9) on the tiny config with L blocks
+static Config delta_config(int L, int H, int S) {
+    Config c = tiny_config(RES_DELTA, H, S);
+    c.L = L;
+    config_finalize(&c, "test");
+    return c;
+}
+
 static void random_tokens(int *x, size_t n, int V, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) { x[i] = (int)(rng_u32(rng) % (uint32_t)V); }
 }
@@ -88,7 +96,7 @@ static void check_gradients(const char *name, Config cfg) {
     printf("  %-12s %-6s %12s %12s\n", name, "tensor", "dir rel err", "elem rel err");
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         size_t n = m.sizes[ti];
-        if (n == 0) { off += n; continue; }   // rq, rg in std mode
+        if (n == 0) { off += n; continue; }   // rq, rg in std mode; dnull, dalpha outside delta
         real *p = m.params_mem + off, *g = grad + off;
         // along a random direction d: (L(p + eps d) - L(p - eps d)) / 2 eps == g . d
         double an = 0, dnorm = 0;
@@ -247,6 +255,168 @@ static void check_naive(const char *name, Config cfg) {
     }
     free(nl); free(in); free(tg);
     model_free(&m);
+}
+
+// delta mode (SPEC section 9) taken literally: the std stream x_j, block sources
+// as differences of the stream, b_k = x_{kS} - x_{(k-1)S} (the model sums the
+// block's outputs instead), the null source n_j, h_j = x_j + alpha_j mix_j.
+static double naive_delta_loss(Model *m, const int *in, const int *tg, int B, int T, double *logits_out) {
+    const Config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, S = c->S;
+    if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
+    double *x = (double *)calloc_check((2 * L + 1) * N * C, sizeof(double));   // the stream x_0..x_2L
+    real *h = (real *)malloc_check(N * C * sizeof(real)), *u = (real *)malloc_check(N * C * sizeof(real));
+    real *rstd = (real *)malloc_check(N * sizeof(real)), *out = (real *)malloc_check(N * C * sizeof(real));
+    double *blocks = (double *)malloc_check((2 * L + 2) * C * sizeof(double)), null[1024];
+    double *srcs[1024];
+    for (size_t n = 0; n < N; n++) {
+        for (size_t k = 0; k < C; k++) { x[n * C + k] = m->params.wte[(size_t)in[n] * C + k]; }
+    }
+    for (size_t j = 0; j <= 2 * L; j++) {
+        for (size_t k = 0; k < C; k++) { null[k] = m->params.dnull[j * C + k]; }
+        for (size_t n = 0; n < N; n++) {
+            int ns = 0;
+            srcs[ns++] = null;
+            srcs[ns++] = x + n * C;                                   // b_0 = x_0
+            for (size_t b = 1; b <= j / S; b++) {                     // completed blocks
+                double *d = blocks + (b - 1) * C;
+                for (size_t k = 0; k < C; k++) { d[k] = x[(b * S * N + n) * C + k] - x[((b - 1) * S * N + n) * C + k]; }
+                srcs[ns++] = d;
+            }
+            double mix[1024];
+            naive_route(mix, srcs, ns, m->params.rq + j * C, m->params.rg + j * C, (int)C, c->H);
+            for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)(x[(j * N + n) * C + k] + m->params.dalpha[j] * mix[k]); }
+        }
+        if (j == 2 * L) { break; }
+        size_t l = j / 2;
+        rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
+        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
+        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+        for (size_t k = 0; k < N * C; k++) { x[(j + 1) * N * C + k] = x[j * N * C + k] + out[k]; }
+    }
+    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
+        for (int t = 0; t < c->V; t++) {
+            lg[t] = 0;
+            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
+            if (lg[t] > mx) { mx = lg[t]; }
+        }
+        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
+        loss += -(lg[tg[n]] - mx - log(z));
+    }
+    free(x); free(h); free(u); free(rstd); free(out); free(blocks);
+    return loss / N;
+}
+
+static void check_naive_delta(const char *name, Config cfg) {
+    int B = 2, T = cfg.T;
+    size_t N = (size_t)B * T;
+    Model m;
+    model_build(&m, &cfg, 7, 0.02f);
+    model_randomize(&m, 78);   // alpha, null and queries away from 0
+    uint64_t rng = 6;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    double *nl = (double *)malloc_check(N * cfg.V * sizeof(double));
+    double naive = naive_delta_loss(&m, in, tg, B, T, nl);
+    model_forward(&m, in, tg, B, T, 0);
+    double worst = 0;
+    for (size_t i = 0; i < N * cfg.V; i++) {
+        double e = fabs(m.acts.logits[i] - nl[i]) / fmax(fabs(nl[i]), 1.0);
+        if (e > worst) { worst = e; }
+    }
+    // double on both sides; block sums against stream differences: agreement to ~1e-14
+    check(fabs(m.loss - naive) < 1e-10 && worst < 1e-10,
+          "%s equals SPEC section 9 taken literally (blocks as stream differences): loss %.12f vs %.12f, "
+          "worst logit error %.1e", name, (double)m.loss, naive, worst);
+    free(nl); free(in); free(tg);
+    model_free(&m);
+}
+
+// SPEC section 9's conversion, through the trainers' path (a std checkpoint
+// loaded with CkptInfo.convert, as -init_from does): a std model, moved off its
+// init and trained two AdamW steps, saved with its optimizer state; a delta
+// model of the same shape (another seed) loads it. Then on one batch: the
+// logits and the loss equal the std model's bit for bit (memcmp: alpha = 0 makes
+// h_j = x_j + 0 * mix_j = x_j); the new parameters sit at their init and AdamW
+// state is empty; in the backward every std tensor's gradient equals the std
+// model's, q, gamma and null get exactly zero, and each site's alpha a non-zero
+// gradient (dalpha_j = sum dh_j . mix_j, the only new gradient at step 0).
+static void check_delta_conversion(const char *name, int H, int S) {
+    Config cs = tiny_config(RES_STD, 1, 1), cd = tiny_config(RES_DELTA, H, S);
+    int B = 2, T = cs.T;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 31;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    Model ms, md;
+    model_build(&ms, &cs, 3, 0.02f);
+    model_randomize(&ms, 303);
+    for (int step = 1; step <= 2; step++) {
+        random_tokens(in, N, cs.V, &rng);
+        random_tokens(tg, N, cs.V, &rng);
+        model_zero_grad(&ms);
+        model_forward(&ms, in, tg, B, T, 0);
+        model_backward(&ms, (real)(1.0 / N));
+        adamw_update(&ms, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step);
+    }
+    char path[256];
+    snprintf(path, sizeof(path), "/tmp/test_mhar_delta_%d.bin", (int)getpid());
+    CkptInfo info;
+    memset(&info, 0, sizeof(info));
+    info.content = CKPT_TRAIN; info.step = 2; info.elem = 4;
+    model_save(&ms, path, info);
+    // the std model as the file holds it (float32), so both sides compute from the same values
+    memset(&info, 0, sizeof(info));
+    model_load(&ms, path, &info);
+    model_build(&md, &cd, 4, 0.02f);
+    memset(&info, 0, sizeof(info));
+    info.convert = 1;
+    model_load(&md, path, &info);
+    remove(path);
+    int init_ok = md.adam_m == NULL && md.adam_v == NULL;
+    for (size_t i = 0; i < md.sizes[P_RQ]; i++) {
+        init_ok = init_ok && md.params.rq[i] == 0 && md.params.rg[i] == 1 && md.params.dnull[i] == 0;
+    }
+    for (size_t i = 0; i < md.sizes[P_DALPHA]; i++) { init_ok = init_ok && md.params.dalpha[i] == 0; }
+    size_t front = 0;
+    for (int ti = 0; ti < P_RQ; ti++) { front += md.sizes[ti]; }
+    init_ok = init_ok && front == ms.nparams && memcmp(md.params_mem, ms.params_mem, front * sizeof(real)) == 0;
+    check(init_ok, "%s: conversion takes the std weights (%zu values), q=0 gamma=1 null=0 alpha=0, no AdamW state",
+          name, front);
+
+    random_tokens(in, N, cs.V, &rng);
+    random_tokens(tg, N, cs.V, &rng);
+    model_zero_grad(&ms);
+    model_zero_grad(&md);
+    model_forward(&ms, in, tg, B, T, 0);
+    model_forward(&md, in, tg, B, T, 0);
+    int same_logits = memcmp(ms.acts.logits, md.acts.logits, N * cs.V * sizeof(real)) == 0;
+    int same_loss = memcmp(&ms.loss, &md.loss, sizeof(real)) == 0;
+    check(same_logits && same_loss, "%s (%s): converted model's logits (%zu values) and loss equal the std model's "
+          "bit for bit (memcmp): loss %.17g vs %.17g", name, sizeof(real) == 8 ? "float64" : "float32",
+          N * cs.V, (double)md.loss, (double)ms.loss);
+    model_backward(&ms, (real)(1.0 / N));
+    model_backward(&md, (real)(1.0 / N));
+    size_t std_diff = 0, new_nonzero = 0, alpha_zero = 0;
+    for (size_t i = 0; i < front; i++) { std_diff += md.grads_mem[i] != ms.grads_mem[i]; }
+    for (size_t i = 0; i < md.sizes[P_RQ]; i++) {
+        new_nonzero += (md.grads.rq[i] != 0) + (md.grads.rg[i] != 0) + (md.grads.dnull[i] != 0);
+    }
+    double amin = INFINITY;
+    for (size_t i = 0; i < md.sizes[P_DALPHA]; i++) {
+        alpha_zero += md.grads.dalpha[i] == 0;
+        amin = fmin(amin, fabs(md.grads.dalpha[i]));
+    }
+    check(std_diff == 0 && new_nonzero == 0 && alpha_zero == 0,
+          "%s (%s): at conversion the std gradients equal the std model's (%zu differ), q/gamma/null gradients are "
+          "exactly 0 (%zu non-zero), every site's alpha gradient is non-zero (min |dalpha| %.2e, %zu zero)",
+          name, sizeof(real) == 8 ? "float64" : "float32", std_diff, new_nonzero, amin, alpha_zero);
+    free(in); free(tg);
+    model_free(&ms);
+    model_free(&md);
 }
 
 // Zero queries give every source the same score: out is the plain average.
@@ -953,14 +1123,26 @@ int main(void) {
     check_gradients("block S=2", tiny_config(RES_MHAR, 2, 2));
     check_gradients("block S=3", tiny_config(RES_MHAR, 4, 3));
     check_gradients("block S=4", tiny_config(RES_MHAR, 4, 4));
+    // delta (SPEC section 9), moved off the init (alpha, null, queries non-zero); the last block
+    // partial (2L % S != 0) where S = 3 and S = 4
+    check_gradients("delta L=2 H=1 S=3", delta_config(2, 1, 3));
+    check_gradients("delta L=3 H=4 S=4", delta_config(3, 4, 4));
+    check_gradients("delta L=3 H=2 S=2", delta_config(3, 2, 2));
+    check_gradients("delta L=2 H=2 S=1", delta_config(2, 2, 1));
 
     printf("== 2. routing against a naive model from SPEC ==\n");
     check_naive("attnres (H=1)", tiny_config(RES_MHAR, 1, 1));
     check_naive("mhar H=4", tiny_config(RES_MHAR, 4, 1));
     check_naive("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
     check_naive("block S=3 H=1", tiny_config(RES_MHAR, 1, 3));
+    check_naive_delta("delta L=3 H=2 S=2", delta_config(3, 2, 2));
+    check_naive_delta("delta L=3 H=4 S=4", delta_config(3, 4, 4));
     check_zero_query_average();
     check_fwd_plan();
+
+    printf("== 2b. delta: conversion of a std model (SPEC section 9) ==\n");
+    check_delta_conversion("delta H=2 S=2", 2, 2);
+    check_delta_conversion("delta H=4 S=3", 4, 3);
 
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();

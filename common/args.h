@@ -10,10 +10,12 @@ typedef struct {
     const char *tokenizer;   // -tok tokenizer file for decoding samples ("" = print ids)
     const char *out_dir;     // -o  directory for log.txt and checkpoints ("" = none)
     const char *resume;      // -resume checkpoint to continue from ("" = fresh start)
+    const char *init_from;   // -init_from std checkpoint to convert into a delta model ("" = none)
     int B;                   // -b  micro-batch size (sequences)
     long total_batch;        // -d  tokens per optimizer step (gradient accumulation)
     int steps;               // -n  optimizer steps
     float lr;                // -lr peak learning rate
+    float lr_new;            // -lr_new learning rate of delta's new parameters, as a multiple of lr
     int warmup;              // -warmup linear warmup steps
     float lr_min_frac;       // -lr_min cosine floor as a fraction of the peak
     float wd;                // -wd AdamW weight decay
@@ -39,10 +41,12 @@ static void args_defaults(TrainArgs *a) {
     a->tokenizer = "";
     a->out_dir = "";
     a->resume = "";
+    a->init_from = "";
     a->B = 8;
     a->total_batch = 0;   // 0 means B*T: no accumulation
     a->steps = 200;
     a->lr = 1e-3f;
+    a->lr_new = 1.0f;
     a->warmup = 20;
     a->lr_min_frac = 0.1f;
     a->wd = 0.1f;
@@ -63,21 +67,25 @@ static void args_usage(const char *prog) {
         "model:\n"
         "  -preset NAME   shape preset: test, tiny (default), 100m, 350m, 1b; later flags override it\n"
         "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
-        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1)\n"
-        "  -H N           routing heads of mhar, must divide C (default 4)\n"
-        "  -S N           sublayers per block, 1 = full mhar (default 1)\n"
+        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1),\n"
+        "                 delta (std plus a gated routed mix, SPEC section 9)\n"
+        "  -H N           routing heads of mhar and delta, must divide C (default 4)\n"
+        "  -S N           sublayers per block, 1 = full mhar (default 1; delta: 8)\n"
         "data and output:\n"
         "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
         "  -j GLOB        val shards, \"\" for none (default data/tiny/*_val_*.bin)\n"
         "  -tok FILE      tokenizer file to decode samples (default: print token ids)\n"
         "  -o DIR         write DIR/log.txt and DIR/ckpt_STEP.bin (default: none)\n"
         "  -resume FILE   continue from a checkpoint: weights, AdamW state, step, data position\n"
+        "  -init_from FILE  convert a std checkpoint into this -r delta model: its weights, the\n"
+        "                 new parameters at their init, AdamW from zero at step 0, its data position\n"
         "optimisation (SPEC section 6):\n"
         "  -b N           micro-batch size in sequences (default 8)\n"
         "  -d N           tokens per optimizer step; a multiple of b*T (default b*T)\n"
         "  -n N           optimizer steps (default 200)\n"
         "  -lr X          peak learning rate (default 1e-3)\n"
-        "  -warmup N      linear warmup steps (default 20)\n"
+        "  -warmup N      linear warmup steps (default 20; after -init_from: the re-warmup)\n"
+        "  -lr_new X      delta: learning rate of q, gamma, null, alpha as a multiple of -lr (default 1)\n"
         "  -lr_min X      cosine floor as a fraction of the peak (default 0.1)\n"
         "  -wd X          AdamW weight decay on matrices (default 0.1)\n"
         "  -beta1 X -beta2 X -eps X   AdamW (default 0.9 0.95 1e-8)\n"
@@ -97,6 +105,7 @@ static void args_usage(const char *prog) {
 static void args_parse(TrainArgs *a, int argc, char **argv) {
     args_defaults(a);
     Config *c = &a->cfg;
+    int s_given = 0;   // delta's default S is 8 unless -S says otherwise
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             args_usage(argv[0]);
@@ -117,17 +126,20 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
             if (strcmp(v, "std") == 0) { c->mode = RES_STD; }
             else if (strcmp(v, "mhar") == 0) { c->mode = RES_MHAR; }
             else if (strcmp(v, "attnres") == 0) { c->mode = RES_MHAR; c->H = 1; }
-            else { die("-r '%s' is not a residual mode; use std, mhar or attnres", v); }
+            else if (strcmp(v, "delta") == 0) { c->mode = RES_DELTA; }
+            else { die("-r '%s' is not a residual mode; use std, mhar, attnres or delta", v); }
         }
         INT_FLAG("L", c->L) INT_FLAG("C", c->C) INT_FLAG("NH", c->NH) INT_FLAG("NKV", c->NKV)
-        INT_FLAG("F", c->F) INT_FLAG("T", c->T) INT_FLAG("V", c->V) INT_FLAG("H", c->H) INT_FLAG("S", c->S)
+        INT_FLAG("F", c->F) INT_FLAG("T", c->T) INT_FLAG("V", c->V) INT_FLAG("H", c->H)
+        else if (strcmp(f, "S") == 0) { if (!is_num || num != (long)num) die("-S needs an integer, got '%s'", v); c->S = (int)num; s_given = 1; }
         else if (strcmp(f, "i") == 0) { a->train_glob = v; }
         else if (strcmp(f, "j") == 0) { a->val_glob = v; }
         else if (strcmp(f, "tok") == 0) { a->tokenizer = v; }
         else if (strcmp(f, "o") == 0) { a->out_dir = v; }
         else if (strcmp(f, "resume") == 0) { a->resume = v; }
+        else if (strcmp(f, "init_from") == 0) { a->init_from = v; }
         INT_FLAG("b", a->B) INT_FLAG("d", a->total_batch) INT_FLAG("n", a->steps)
-        REAL_FLAG("lr", a->lr) INT_FLAG("warmup", a->warmup) REAL_FLAG("lr_min", a->lr_min_frac)
+        REAL_FLAG("lr", a->lr) REAL_FLAG("lr_new", a->lr_new) INT_FLAG("warmup", a->warmup) REAL_FLAG("lr_min", a->lr_min_frac)
         REAL_FLAG("wd", a->wd) REAL_FLAG("beta1", a->beta1) REAL_FLAG("beta2", a->beta2)
         REAL_FLAG("eps", a->eps) REAL_FLAG("clip", a->clip)
         INT_FLAG("val_every", a->val_every) INT_FLAG("val_batches", a->val_batches)
@@ -138,7 +150,17 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
 #undef INT_FLAG
 #undef REAL_FLAG
     }
+    if (c->mode == RES_DELTA && !s_given) { c->S = 8; }
     config_finalize(c, "flags");
+    if (a->init_from[0] != '\0' && c->mode != RES_DELTA) {
+        die("-init_from %s converts a std checkpoint into a delta model; add -r delta "
+            "(to continue a run in its own mode, use -resume)", a->init_from);
+    }
+    if (a->init_from[0] != '\0' && a->resume[0] != '\0') {
+        die("-init_from %s and -resume %s both given; convert once with -init_from, then continue "
+            "the delta run with -resume alone", a->init_from, a->resume);
+    }
+    if (!(a->lr_new >= 0)) { die("-lr_new %g: the new parameters' learning-rate multiple must be >= 0", a->lr_new); }
     if (a->B < 1) { die("-b %d: the micro-batch needs at least one sequence", a->B); }
     long bt = (long)a->B * c->T;
     if (a->total_batch == 0) { a->total_batch = bt; }

@@ -27,6 +27,10 @@ test_mhar: test_mhar.c train_mhar.c $(HEADERS)
 dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMHAR_REAL=double -I. -o $@ $< $(LDLIBS)
 
+# test_mhar's delta conversion check in float32, the trainer's precision
+dev/delta_identity: dev/delta_identity.c test_mhar.c train_mhar.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+
 dev/route_probe: dev/route_probe.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
@@ -41,12 +45,13 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
 # gradients and of the optimiser steps, the plots and the routing probe, and test_mhar last (its final line is the summary).
-test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitivity
+test: deps train_mhar test_mhar dev/mhar_grads dev/route_probe dev/loss_sensitivity dev/delta_identity
 	$(MAKE) --no-print-directory test-data-prep
 	/usr/bin/python3 dev/torch_ref/check_grads.py --self-test
 	/usr/bin/python3 dev/torch_ref/check_grads.py
 	/usr/bin/python3 dev/torch_ref/check_train.py
 	bash dev/test_plots.sh
+	./dev/delta_identity
 	./test_mhar
 
 deps:
@@ -64,7 +69,7 @@ quickstart: train_mhar
 	bash dev/quickstart.sh
 
 clean:
-	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity
+	rm -f train_mhar test_mhar dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity dev/delta_identity
 
 # ---------------------------------------------------------------------------
 # CUDA trainer (train_mhar.cu) and the GPU checks of test_mhar, built where nvcc

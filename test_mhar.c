@@ -660,6 +660,113 @@ static void check_trainer_binary(void) {
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
 
+// The float32 parameters of a checkpoint written by the trainer (n of them into p); returns its config.
+static Config read_ckpt_params(const char *path, float *p, size_t n) {
+    Config c;
+    CkptInfo info;
+    FILE *f = ckpt_open_read(path, &c, &info);
+    if (info.elem != 4 || param_count(&c) != n) { die("%s: %zu float32 parameters expected", path, n); }
+    fread_check(p, sizeof(float), n, f, path);
+    fclose(f);
+    return c;
+}
+
+// delta through the float32 trainer binary: a std run of 10 steps, saved;
+// the control (the std run resumed for step 11) and the converted run
+// (-init_from, -r delta) see the same batch first, and their first losses
+// agree exactly (the log's 9 digits round-trip a float32); the new parameters:
+// with -lr_new 0 they stay at their init, with the default only they and the
+// std weights move; a delta run resumes bit for bit; bad conversions fail with
+// one line naming the file and the reason.
+static void check_delta_binary(void) {
+    char cmd[4096], err[4096], path[512];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    free(tok);
+    char base[1024];
+    snprintf(base, sizeof(base), "./train_mhar -preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 "
+             "-val_every 0 -j '' -i %s/train.bin", tmpdir);
+    snprintf(cmd, sizeof(cmd), "%s -r std -n 10 -o %s/s", base, tmpdir);
+    int rc0 = run_cmd(cmd, err, sizeof(err));
+    snprintf(cmd, sizeof(cmd), "%s -r std -n 11 -o %s/c -resume %s/s/ckpt_000010.bin", base, tmpdir, tmpdir);
+    int rc1 = run_cmd(cmd, err, sizeof(err));
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 6 -ckpt_every 3 -o %s/d -init_from %s/s/ckpt_000010.bin",
+             base, tmpdir, tmpdir);
+    int rc2 = run_cmd(cmd, err, sizeof(err));
+    char lc[16][32], ld[16][32], lr[16][32];
+    snprintf(path, sizeof(path), "%s/c/log.txt", tmpdir);
+    int nc = read_losses(path, lc, 16);
+    snprintf(path, sizeof(path), "%s/d/log.txt", tmpdir);
+    int nd = read_losses(path, ld, 16);
+    check(rc0 == 0 && rc1 == 0 && rc2 == 0 && nc == 1 && nd == 6 && strcmp(lc[0], ld[0]) == 0,
+          "trainer: the first loss after -init_from equals the std model's on the same batch (control step 11: %s, "
+          "delta step 1: %s)", nc == 1 ? lc[0] : "?", nd >= 1 ? ld[0] : "?");
+
+    // the new parameters: init after -lr_new 0 (no weight decay on them either), moved with -lr_new 1
+    Config cd = tiny_config(RES_DELTA, 2, 2);
+    cd.L = 2; cd.C = 32; cd.NH = 4; cd.NKV = 2; cd.F = 48; cd.T = 16; cd.V = 61;
+    config_finalize(&cd, "test");
+    size_t np = param_count(&cd), sizes[NUM_PARAM_TENSORS], front = 0;
+    param_sizes(&cd, sizes);
+    for (int ti = 0; ti < P_RQ; ti++) { front += sizes[ti]; }
+    float *p0 = (float *)malloc_check(np * sizeof(float)), *p1 = (float *)malloc_check(np * sizeof(float));
+    float *pi = (float *)malloc_check(np * sizeof(float));
+    params_init(pi, &cd, 1, 0.02f);
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 3 -lr_new 0 -o %s/z -init_from %s/s/ckpt_000010.bin",
+             base, tmpdir, tmpdir);
+    int rc3 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/z/ckpt_000003.bin", tmpdir);
+    int have = rc3 == 0 && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p0, np); }
+    snprintf(path, sizeof(path), "%s/d/ckpt_000003.bin", tmpdir);
+    have = have && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p1, np); }
+    int frozen = have && memcmp(p0 + front, pi + front, (np - front) * sizeof(float)) == 0;
+    size_t moved_new = 0, moved_std = 0;
+    for (size_t i = front; have && i < np; i++) { moved_new += p1[i] != pi[i]; }
+    for (size_t i = 0; have && i < front; i++) { moved_std += p0[i] != p1[i]; }
+    size_t alpha0 = np - sizes[P_DALPHA];
+    check(frozen && moved_new > 0 && moved_std > 0 && p1[alpha0] != 0,
+          "trainer: -lr_new 0 keeps q, gamma, null, alpha at their init (%s); with -lr_new 1 %zu of %zu new values move "
+          "(alpha_0 = %.3g after 3 steps)", frozen ? "yes" : "no", moved_new, np - front, have ? p1[alpha0] : 0.0);
+    free(p0); free(p1); free(pi);
+
+    // a delta run resumes bit for bit
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 6 -o %s/r -resume %s/d/ckpt_000003.bin", base, tmpdir, tmpdir);
+    int rc4 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/r/log.txt", tmpdir);
+    int nr = read_losses(path, lr, 16), same = rc4 == 0 && nr == 3 && nd == 6;
+    for (int i = 0; same && i < 3; i++) { same = strcmp(ld[3 + i], lr[i]) == 0; }
+    check(same, "trainer: a delta run resumed at step 3 reproduces steps 4-6 bit for bit (last %s vs %s)",
+          nd == 6 ? ld[5] : "?", nr == 3 ? lr[2] : "?");
+
+    // bad conversions
+    struct { const char *what, *args, *expect; } bad[4];
+    char a0[1024], a1[1024], a2[1024], a3[1024];
+    snprintf(a0, sizeof(a0), "-r delta -H 2 -init_from %s/d/ckpt_000003.bin", tmpdir);
+    snprintf(a1, sizeof(a1), "-r delta -H 2 -L 3 -init_from %s/s/ckpt_000010.bin", tmpdir);
+    snprintf(a2, sizeof(a2), "-r mhar -H 2 -init_from %s/s/ckpt_000010.bin", tmpdir);
+    snprintf(a3, sizeof(a3), "-r delta -H 2 -init_from %s/s/ckpt_000010.bin -resume %s/d/ckpt_000003.bin", tmpdir, tmpdir);
+    bad[0].what = "converting a delta checkpoint"; bad[0].args = a0; bad[0].expect = "is a delta checkpoint (residual mode 3)";
+    bad[1].what = "converting another shape"; bad[1].args = a1; bad[1].expect = "saved with L=2 but this run has L=3";
+    bad[2].what = "-init_from without -r delta"; bad[2].args = a2; bad[2].expect = "add -r delta";
+    bad[3].what = "-init_from with -resume"; bad[3].args = a3; bad[3].expect = "both given";
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof(cmd), "%s -n 1 %s", base, bad[i].args);
+        int rc = run_cmd(cmd, err, sizeof(err));
+        char *nl = strchr(err, '\n');
+        check(rc != 0 && strstr(err, bad[i].expect) != NULL && count_lines(err) == 1,
+              "bad input (%s): exit %d, \"%.*s\"", bad[i].what, rc, nl ? (int)(nl - err) : (int)strlen(err), err);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\\n", tmpdir); }
+}
+
 // ----------------------------------------------------------------------------
 // 4. The CUDA trainer (train_mhar.cu) against this CPU reference
 //
@@ -1146,6 +1253,7 @@ int main(void) {
 
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();
+    check_delta_binary();
 
 #ifdef MHAR_GPU
     check_gpu();

@@ -56,6 +56,9 @@ MODES = {
     "mhar4":   ("mhar", 4, 1),
     "block2":  ("mhar", 2, 2),
     "block4":  ("mhar", 4, 4),
+    "delta2":  ("delta", 2, 2),   # SPEC 9; 2L = 6 sublayers: 3 whole blocks
+    "delta4":  ("delta", 4, 4),   # one whole block and a trailing partial one
+    "delta1s1": ("delta", 1, 1),  # every output its own block
 }
 
 
@@ -135,7 +138,7 @@ def run_mode(mode, tool, workdir, seed, tally, extra_args=()):
         tally.check(f"{mode}: tool output", False, str(e))
         return
     want = dict(L=c["L"], C=c["C"], NH=c["NH"], NKV=c["NKV"], F=c["F"], V=c["V"],
-                mode="std" if r == "std" else "mhar")
+                mode={"attnres": "mhar"}.get(r, r))
     if H is not None:
         want.update(H=H, S=S)
     problems = [f"{k}={getattr(ck.cfg, k)} (asked {v})" for k, v in want.items()
@@ -314,9 +317,12 @@ def _random_model(cfg, seed):
     model = MHAR(cfg)
     model.init_weights(generator=g)
     with torch.no_grad():
-        if cfg.mode == "mhar":
+        if cfg.mode in ("mhar", "delta"):
             model.rq.normal_(0.0, 0.5, generator=g)
             model.rg.add_(torch.randn(model.rg.shape, generator=g) * 0.2)
+        if cfg.mode == "delta":
+            model.dnull.normal_(0.0, 0.3, generator=g)
+            model.dalpha.normal_(0.0, 0.3, generator=g)
     return model.double()
 
 
@@ -408,6 +414,33 @@ def self_test(args):
     l2, _ = _loss_and_grads(model, model.stream, idx, tgt)
     l1, _ = _loss_and_grads(model, model._stream_full, idx, tgt)
     tally.check("block S=2 != full mode", abs(l2 - l1) > 1e-6, f"|dloss| {abs(l2 - l1):.2e}")
+
+    print("[delta (SPEC 9): a converted std model computes exactly the same]")
+    dbase = dict(V=29, Vp=128, T=6, L=3, C=16, NH=4, NKV=2, F=24)
+    std = _random_model(mhar_io.Config(**dbase, mode="std"), args.seed)
+    for H, S in ((2, 2), (4, 4)):
+        delta = MHAR(mhar_io.Config(**dbase, mode="delta", H=H, S=S)).double()   # q=0, null=0, alpha=0
+        with torch.no_grad():
+            for name, p in std.named_parameters():
+                getattr(delta, name).copy_(p)
+        l_s, g_s = _loss_and_grads(std, std.stream, idx, tgt)
+        l_d, g_d = _loss_and_grads(delta, delta.stream, idx, tgt)
+        # the loss exactly (x + 0 * mix = x); the std gradients up to autograd's summation order
+        # (x_0 is also b_0, read by every site: its gradient sums more, zero, terms), measured 3.7e-16
+        ge = max(rel_err(g_d[k], g_s[k]) for k in g_s)
+        zero = all(float(g_d[k].abs().max()) == 0 for k in ("rq", "rg", "dnull"))
+        alpha = float(g_d["dalpha"].abs().min())
+        tally.check(f"delta H={H} S={S} alpha=0 == std", l_s == l_d and ge <= 1e-14 and zero and alpha > 0,
+                    f"loss {l_d:.15f} vs {l_s:.15f}; std grads rel {ge:.1e}; q/gamma/null grads 0: "
+                    f"{zero}; min|dalpha| {alpha:.1e}")
+    dmodel = _random_model(mhar_io.Config(**dbase, mode="delta", H=2, S=2), args.seed)
+    l_d, _ = _loss_and_grads(dmodel, dmodel.stream, idx, tgt)
+    with torch.no_grad():
+        dmodel.dalpha.zero_()
+    l_0, _ = _loss_and_grads(dmodel, dmodel.stream, idx, tgt)
+    l_s, _ = _loss_and_grads(dmodel, dmodel._stream_std, idx, tgt)
+    tally.check("delta with moved alpha != std", abs(l_d - l_s) > 1e-6 and l_0 == l_s,
+                f"|dloss| {abs(l_d - l_s):.2e}; alpha=0: {l_0 == l_s}")
 
     print("[initialisation (SPEC 6) and the LM head]")
     cfg = mhar_io.Config(**base, S=1)

@@ -24,7 +24,7 @@ from model import MHAR  # noqa: E402
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-r", choices=("std", "mhar", "attnres"), required=True)
+    ap.add_argument("-r", choices=("std", "mhar", "attnres", "delta"), required=True)
     for name, default in (("-H", 1), ("-S", 1), ("-L", 2), ("-C", 32), ("-NH", 4), ("-NKV", 2),
                           ("-F", 48), ("-V", 97), ("-T", 8), ("-B", 2), ("-seed", 7)):
         ap.add_argument(name, type=int, default=default)
@@ -36,14 +36,17 @@ def main(argv=None):
 
     H = 1 if a.r == "attnres" else a.H
     cfg = mhar_io.Config(V=a.V, Vp=(a.V + 127) // 128 * 128, T=a.T, L=a.L, C=a.C, NH=a.NH,
-                         NKV=a.NKV, F=a.F, mode="std" if a.r == "std" else "mhar", H=H, S=a.S)
+                         NKV=a.NKV, F=a.F, mode={"attnres": "mhar"}.get(a.r, a.r), H=H, S=a.S)
     g = torch.Generator().manual_seed(a.seed)
     model = MHAR(cfg)
     model.init_weights(generator=g)
     with torch.no_grad():  # move routing parameters away from their 0 / 1 init
-        if cfg.mode == "mhar":
+        if cfg.mode in ("mhar", "delta"):
             model.rq.normal_(0.0, 0.5, generator=g)
             model.rg.add_(torch.randn(model.rg.shape, generator=g) * 0.2)
+        if cfg.mode == "delta":   # and delta's null sources and gates from their 0 init
+            model.dnull.normal_(0.0, 0.3, generator=g)
+            model.dalpha.normal_(0.0, 0.3, generator=g)
     params = {n: p.detach().numpy() for n, p in model.named_parameters()}
     mhar_io.write_checkpoint(a.o, cfg, params)  # float32, content 0
 

@@ -9,7 +9,7 @@ Three formats, all little-endian, all with a header of 256 int32:
 2. Checkpoints (the project's own format, SPEC section 7)
      [0] magic 0x5241484D (the bytes "MHAR"), [1] version 1,
      [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-     [10] residual mode (0 std, 1 mhar)  [11] H  [12] S  [13] HD
+     [10] residual mode (0 std, 1 mhar, 3 delta)  [11] H  [12] S  [13] HD
      [14] content (0 params, 1 params + AdamW m and v, 2 gradient dump)
      [15] step  [16..23] loader/rng state (not interpreted here)
      [24] bytes per element (4 float32, 8 float64)
@@ -39,7 +39,8 @@ SHARD_MAGIC_U32, SHARD_VERSION_U32 = 20240801, 7
 CKPT_MAGIC = 0x5241484D  # little-endian bytes 4D 48 41 52 = "MHAR"
 CKPT_VERSION = 1
 CONTENT_PARAMS, CONTENT_PARAMS_ADAM, CONTENT_GRADS = 0, 1, 2
-MODE_STD, MODE_MHAR = 0, 1
+MODE_STD, MODE_MHAR, MODE_DELTA = 0, 1, 3
+_MODE_NAMES = {MODE_STD: "std", MODE_MHAR: "mhar", MODE_DELTA: "delta"}
 
 # Magic numbers of other files that might be handed to us by mistake (for a better error).
 _OTHER_MAGICS = {
@@ -73,9 +74,9 @@ class Config:
     NH: int         # query heads
     NKV: int        # key/value heads (GQA)
     F: int          # SwiGLU hidden width
-    mode: str = "mhar"  # "std" or "mhar" (attnres is mhar with H = 1)
-    H: int = 1      # routing heads (mhar only)
-    S: int = 1      # sublayers per block (mhar only; 1 = full mode)
+    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1) or "delta" (SPEC section 9)
+    H: int = 1      # routing heads (mhar, delta)
+    S: int = 1      # sublayers per block (mhar: 1 = full mode; delta)
 
     @property
     def HD(self) -> int:
@@ -97,9 +98,9 @@ class Config:
             p.append(f"head dim HD={self.HD} must be even for RoPE")
         if self.NH % self.NKV:
             p.append(f"NKV={self.NKV} does not divide NH={self.NH}")
-        if self.mode not in ("std", "mhar"):
+        if self.mode not in ("std", "mhar", "delta"):
             p.append(f"unknown residual mode {self.mode!r}")
-        if self.mode == "mhar":
+        if self.mode in ("mhar", "delta"):
             if self.H <= 0 or self.C % self.H:
                 p.append(f"routing heads H={self.H} must divide C={self.C}")
             if self.S <= 0:
@@ -125,9 +126,12 @@ def param_layout(cfg: Config) -> List[Tuple[str, Tuple[int, ...]]]:
         ("wd", (L, C, F)),
         ("lnfw", (C,)),                   # final norm g_f
     ]
-    if cfg.mode == "mhar":
+    if cfg.mode in ("mhar", "delta"):
         layout += [("rq", (2 * L + 1, C)),   # routing queries q_j, one per site
                    ("rg", (2 * L + 1, C))]   # routing key-norm weights gamma_j
+    if cfg.mode == "delta":
+        layout += [("dnull", (2 * L + 1, C)),   # null sources n_j, one per site
+                   ("dalpha", (2 * L + 1,))]    # gates alpha_j of the routed mix
     return layout
 
 
@@ -214,11 +218,11 @@ class Checkpoint:
 
 def _header_to_config(path, h) -> Config:
     mode_id = int(h[10])
-    if mode_id not in (MODE_STD, MODE_MHAR):
-        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar)")
+    if mode_id not in _MODE_NAMES:
+        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 3 delta)")
     cfg = Config(V=int(h[2]), Vp=int(h[3]), T=int(h[4]), L=int(h[5]), C=int(h[6]),
                  NH=int(h[7]), NKV=int(h[8]), F=int(h[9]),
-                 mode="std" if mode_id == MODE_STD else "mhar", H=int(h[11]), S=int(h[12]))
+                 mode=_MODE_NAMES[mode_id], H=int(h[11]), S=int(h[12]))
     problems = cfg.problems()
     if problems:
         _fail(path, "inconsistent config: " + "; ".join(problems))
@@ -291,7 +295,7 @@ def write_checkpoint(path: str, cfg: Config, params: Dict[str, np.ndarray], *,
     h[0] = np.array(CKPT_MAGIC, dtype=np.uint32).view(np.int32)
     h[1] = CKPT_VERSION
     h[2:10] = [cfg.V, cfg.Vp, cfg.T, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F]
-    h[10] = MODE_STD if cfg.mode == "std" else MODE_MHAR
+    h[10] = {name: i for i, name in _MODE_NAMES.items()}[cfg.mode]
     h[11], h[12], h[13] = cfg.H, cfg.S, cfg.HD
     h[14], h[15], h[24] = content, step, bytes_per_elem
     if content == CONTENT_GRADS:

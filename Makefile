@@ -112,9 +112,10 @@ train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
-LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual
+LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual dev/cuda/delta
 dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
+dev/cuda/delta: kernels/delta.cuh
 .PHONY: lab
 lab: $(LAB_BINS)
 

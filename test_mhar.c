@@ -167,6 +167,35 @@ static void naive_route(double *out, double **srcs, int n, const real *q, const 
     }
 }
 
+// out (N, C) = sublayer j of the model on its input h (N, C): the model's own
+// functions (u, rstd: scratch)
+static void naive_sublayer(Model *m, int j, const real *h, real *u, real *rstd, real *out, int B, int T) {
+    size_t N = (size_t)B * T, C = m->cfg.C, l = j / 2;
+    rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
+    if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
+    else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+}
+
+// mean cross-entropy of the final norm of h_final (N, C) and the tied head, in
+// double with explicit loops; logits into logits_out (N, V) (u, rstd: scratch)
+static double naive_head(Model *m, const real *h, real *u, real *rstd, const int *tg, size_t N, double *logits_out) {
+    const Config *c = &m->cfg;
+    size_t C = c->C;
+    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
+        for (int t = 0; t < c->V; t++) {
+            lg[t] = 0;
+            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
+            if (lg[t] > mx) { mx = lg[t]; }
+        }
+        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
+        loss += -(lg[tg[n]] - mx - log(z));
+    }
+    return loss;
+}
+
 // loss of the naive model (mhar mode only); logits into logits_out (N, V)
 static double naive_loss(Model *m, const int *in, const int *tg, int B, int T, int use_blocks, double *logits_out) {
     const Config *c = &m->cfg;
@@ -203,24 +232,10 @@ static double naive_loss(Model *m, const int *in, const int *tg, int B, int T, i
             for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)hd[k]; }
         }
         if (j == 2 * L) { break; }
-        size_t l = j / 2;
-        rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
-        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
-        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+        naive_sublayer(m, (int)j, h, u, rstd, out, B, T);
         for (size_t k = 0; k < N * C; k++) { v[(j + 1) * N * C + k] = out[k]; }
     }
-    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
-        for (int t = 0; t < c->V; t++) {
-            lg[t] = 0;
-            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
-            if (lg[t] > mx) { mx = lg[t]; }
-        }
-        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
-        loss += -(lg[tg[n]] - mx - log(z));
-    }
+    double loss = naive_head(m, h, u, rstd, tg, N, logits_out);
     free(v); free(h); free(u); free(rstd); free(out); free(blocks);
     return loss / N;
 }
@@ -288,24 +303,10 @@ static double naive_delta_loss(Model *m, const int *in, const int *tg, int B, in
             for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)(x[(j * N + n) * C + k] + m->params.dalpha[j] * mix[k]); }
         }
         if (j == 2 * L) { break; }
-        size_t l = j / 2;
-        rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
-        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
-        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+        naive_sublayer(m, (int)j, h, u, rstd, out, B, T);
         for (size_t k = 0; k < N * C; k++) { x[(j + 1) * N * C + k] = x[j * N * C + k] + out[k]; }
     }
-    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
-        for (int t = 0; t < c->V; t++) {
-            lg[t] = 0;
-            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
-            if (lg[t] > mx) { mx = lg[t]; }
-        }
-        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
-        loss += -(lg[tg[n]] - mx - log(z));
-    }
+    double loss = naive_head(m, h, u, rstd, tg, N, logits_out);
     free(x); free(h); free(u); free(rstd); free(out); free(blocks);
     return loss / N;
 }

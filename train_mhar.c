@@ -10,7 +10,8 @@ is specified in doc/SPEC.md; section numbers below refer to it.
 Every forward and backward pass is written out by hand in plain C. Each layer
 has X_forward and X_backward side by side; backward functions add (+=) into
 their gradient outputs. The routing lives in source_stat_forward,
-route_forward and route_backward. Read top to bottom: layers, then the model,
+route_forward and route_backward; hyper-connections (hc mode, SPEC section 8)
+in the hc_* layers. Read top to bottom: layers, then the model,
 then the optimiser and checkpoints. The training loop itself (main) is
 common/train_loop.h, shared with the CUDA trainer train_mhar.cu.
 
@@ -29,6 +30,8 @@ compiles this same file with -DMHAR_REAL=double for finite differences.
 #include "common/checkpoint.h"
 #include "common/logger.h"
 #include "common/tokenizer.h"
+
+#define TRAINER_HAS_HC   // common/train_loop.h: this trainer runs -r hc
 
 #ifndef MHAR_REAL
 #define MHAR_REAL float
@@ -428,6 +431,22 @@ void route_forward(real *out, real *a, const real *slots, const real *r, const i
 // Positions are processed in fixed blocks of ROUTE_BLOCK; each block sums its
 // share of dq/dgamma, and the blocks are added in order at the end, so the
 // result is the same for any number of threads.
+//
+// This is the per-site form: site j walks its sources and adds to each. The
+// CUDA trainer computes the same sums in the per-slot (gather) form, which
+// writes each source's gradient once instead of once per reading site. Slot k
+// is read only by sites j >= k, so when the backward reaches site k every
+// reader of slot k has its G_j:
+//   site j (route_site_backward):  G_j = dL/dh_j through the next norm, and
+//                                  S_j[h] = G_j[h] . out_j[h]  (= sum_i a p)
+//   slot k (route_slot_backward):  for each reader j of k, per head h:
+//                                  p = G_j[h] . v_k[h], e = qg_j[h] . v_k[h],
+//                                  a = exp(r_k e - lse_j[h]), ds = a (p - S_j[h]);
+//                                  dv_k += sum_j [ds r_k qg_j - (r_k^3/C)(ds e) v_k + a G_j]
+//                                  and keeps ds r_k per (reader, position)
+//   q/gamma (route_slot_qgamma,    qv_(j,k)[c] = sum_t ds r_k v_k[c], the per-(site, source)
+//    route_param_backward):        share; dq_j = gamma_j sum_k qv_(j,k), dgamma_j = q_j sum_k qv_(j,k)
+// The loop below computes these per position t and source i in one pass.
 #define ROUTE_BLOCK 32
 void route_backward(real *dslots, real *dq, real *dgamma, const real *dout, const real *a,
                     const real *slots, const real *r, const int *src, int n, const real *q,
@@ -489,6 +508,149 @@ void route_backward(real *dslots, real *dq, real *dgamma, const real *dout, cons
         dgamma[c] += q[c] * total;
     }
     free(qg);
+    free(part);
+}
+
+// ----------------------------------------------------------------------------
+// Hyper-connections (SPEC section 8), hc mode. Per position the state is n
+// streams X_r of width C, stored (N, n, C): a position's n streams are
+// adjacent, so one pass over a position reads all of them (the GPU layout too).
+//   w_j     = softmax(alpha_j)                       hc_weights
+//   h_j     = sum_r w_j[r] X_r                       hc_read (the sublayer's input)
+//   X'_r    = sum_s A_j[r,s] X_s + beta_j[r] o_j     hc_update (o_j: the sublayer's output)
+//   X_r     = wte[token] at the start (hc_expand); h_final = hc_read with w = 1/n
+// Memory: backward needs the streams X before every sublayer (and the final
+// ones): n*C values per position per sublayer, (2L+1) n C in all, n times the
+// one slot row of std mode (100M, n = 4, C = 512: 8 KiB per position per
+// sublayer in fp32, 4 KiB in bf16, against std's 2 KiB / 1 KiB).
+// Parameter gradients are sums over positions: each fixed block of HC_BLOCK
+// positions sums its share, and the blocks are added in order, so the result
+// is the same for any number of threads.
+#define HC_BLOCK 32
+
+// w (n) = softmax(alpha (n)): the read weights of one sublayer
+void hc_weights_forward(real *w, const real *alpha, int n) {
+    real maxv = -INFINITY, sum = 0;
+    for (int r = 0; r < n; r++) { if (alpha[r] > maxv) { maxv = alpha[r]; } }
+    for (int r = 0; r < n; r++) { w[r] = exp(alpha[r] - maxv); sum += w[r]; }
+    for (int r = 0; r < n; r++) { w[r] /= sum; }
+}
+
+// dalpha (n) += ..., given dw (n) = dL/dw
+void hc_weights_backward(real *dalpha, const real *dw, const real *w, int n) {
+    // w = softmax(alpha): dalpha[s] = w[s] (dw[s] - sum_t w[t] dw[t])
+    real S = 0;
+    for (int t = 0; t < n; t++) { S += w[t] * dw[t]; }
+    for (int s = 0; s < n; s++) { dalpha[s] += w[s] * (dw[s] - S); }
+}
+
+// X (N, n, C) = n copies of x0 (N, C): the streams' start
+void hc_expand_forward(real *X, const real *x0, size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        for (int r = 0; r < n; r++) { memcpy(X + (t * n + r) * C, x0 + t * C, C * sizeof(real)); }
+    }
+}
+
+// dx0 (N, C) += sum_r dX_r
+void hc_expand_backward(real *dx0, const real *dX, size_t N, int C, int n) {
+    // X_r = x0 for every r
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        for (int r = 0; r < n; r++) {
+            const real *d = dX + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { dx0[t * C + c] += d[c]; }
+        }
+    }
+}
+
+// out (N, C) = sum_r w[r] X_r;  X (N, n, C), w (n)
+void hc_read_forward(real *out, const real *X, const real *w, size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        real *o = out + t * C;
+        for (int c = 0; c < C; c++) { o[c] = 0; }
+        for (int r = 0; r < n; r++) {
+            const real *x = X + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { o[c] += w[r] * x[c]; }
+        }
+    }
+}
+
+// dX (N, n, C) += ...;  dw (n) += sum over positions (dw may be NULL: h_final's fixed weights)
+void hc_read_backward(real *dX, real *dw, const real *dout, const real *X, const real *w, size_t N, int C, int n) {
+    // out = sum_r w[r] X_r: dX_r += w[r] dout, dw[r] += dout . X_r
+    size_t nblocks = (N + HC_BLOCK - 1) / HC_BLOCK;
+    real *part = (real *)calloc_check(nblocks * n, sizeof(real));
+    #pragma omp parallel for
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        size_t tend = (blk + 1) * HC_BLOCK < N ? (blk + 1) * HC_BLOCK : N;
+        for (size_t t = blk * HC_BLOCK; t < tend; t++) {
+            const real *g = dout + t * C;
+            for (int r = 0; r < n; r++) {
+                const real *x = X + (t * n + r) * C;
+                real *dx = dX + (t * n + r) * C, dot = 0;
+                for (int c = 0; c < C; c++) { dx[c] += w[r] * g[c]; dot += g[c] * x[c]; }
+                part[blk * n + r] += dot;
+            }
+        }
+    }
+    for (size_t blk = 0; dw != NULL && blk < nblocks; blk++) {
+        for (int r = 0; r < n; r++) { dw[r] += part[blk * n + r]; }
+    }
+    free(part);
+}
+
+// Xn (N, n, C): Xn_r = sum_s A[r,s] X_s + beta[r] o;  X (N, n, C), o (N, C), A (n, n), beta (n)
+void hc_update_forward(real *Xn, const real *X, const real *o, const real *A, const real *beta,
+                       size_t N, int C, int n) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) {
+        const real *ot = o + t * C;
+        for (int r = 0; r < n; r++) {
+            real *y = Xn + (t * n + r) * C;
+            for (int c = 0; c < C; c++) { y[c] = beta[r] * ot[c]; }
+            for (int s = 0; s < n; s++) {
+                const real *x = X + (t * n + s) * C;
+                for (int c = 0; c < C; c++) { y[c] += A[r * n + s] * x[c]; }
+            }
+        }
+    }
+}
+
+// dX (N, n, C), dout (N, C) += ...;  dA (n, n), dbeta (n) += sums over positions; given dXn (N, n, C)
+void hc_update_backward(real *dX, real *dout, real *dA, real *dbeta, const real *dXn, const real *X,
+                        const real *o, const real *A, const real *beta, size_t N, int C, int n) {
+    // Xn_r = sum_s A[r,s] X_s + beta[r] o:
+    //   dX_s += sum_r A[r,s] dXn_r,  do += sum_r beta[r] dXn_r,
+    //   dA[r,s] += dXn_r . X_s,      dbeta[r] += dXn_r . o
+    size_t nblocks = (N + HC_BLOCK - 1) / HC_BLOCK, np = (size_t)n * n + n;
+    real *part = (real *)calloc_check(nblocks * np, sizeof(real));   // per block: dA (n, n), then dbeta (n)
+    #pragma omp parallel for
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        real *pA = part + blk * np, *pb = pA + (size_t)n * n;
+        size_t tend = (blk + 1) * HC_BLOCK < N ? (blk + 1) * HC_BLOCK : N;
+        for (size_t t = blk * HC_BLOCK; t < tend; t++) {
+            const real *ot = o + t * C;
+            real *dot_ = dout + t * C;
+            for (int r = 0; r < n; r++) {
+                const real *g = dXn + (t * n + r) * C;
+                real sb = 0;
+                for (int c = 0; c < C; c++) { dot_[c] += beta[r] * g[c]; sb += g[c] * ot[c]; }
+                pb[r] += sb;
+                for (int s = 0; s < n; s++) {
+                    const real *x = X + (t * n + s) * C;
+                    real *dx = dX + (t * n + s) * C, sa = 0;
+                    for (int c = 0; c < C; c++) { dx[c] += A[r * n + s] * g[c]; sa += g[c] * x[c]; }
+                    pA[r * n + s] += sa;
+                }
+            }
+        }
+    }
+    for (size_t blk = 0; blk < nblocks; blk++) {
+        for (int i = 0; i < n * n; i++) { dA[i] += part[blk * np + i]; }
+        for (int r = 0; r < n; r++) { dbeta[r] += part[blk * np + (size_t)n * n + r]; }
+    }
     free(part);
 }
 
@@ -582,26 +744,30 @@ void crossentropy_backward(real *dlogits, const real *probs, const int *targets,
 
 // Named views into one allocation, in checkpoint order (config.h's enum).
 typedef struct {
-    real *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg, *dnull, *dalpha;
+    real *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+    real *hcalpha, *hca, *hcbeta, *dnull, *dalpha;
 } ParamTensors;
 
 static void point_params(ParamTensors *p, real *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
     real **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
                                       &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
-                                      &p->dnull, &p->dalpha};
+                                      &p->hcalpha, &p->hca, &p->hcbeta, &p->dnull, &p->dalpha};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
 }
 
 // Forward activations kept for backward, in one allocation. N = B*T positions,
 // J = 2L+1 routing sites, NS = num_slots (J, or delta's J + 1 + blocks),
-// QD = NH*HD, KVD = NKV*HD.
-#define NUM_ACT_TENSORS 23
+// QD = NH*HD, KVD = NKV*HD, n hc streams.
+#define NUM_ACT_TENSORS 25
 typedef struct {
     real *slots;    // (NS, N, C) sources v_i / block sums (mhar), residual stream x_j (std, delta),
-                    //            then delta's null source and block sums b_k (config.h)
+                    //            then delta's null source and block sums b_k (config.h);
+                    //            wte[token] then the sublayer outputs o_j (hc)
+    real *hcx;      // (J, N, n, C)  hc streams before sublayer j; [2L] = the final streams (hc)
+    real *hc_w;     // (J, n)     hc read weights softmax(alpha_j); [2L] = 1/n (hc)
     real *slot_r;   // (NS, N)    r_i of each slot that is a routing source (mhar, delta)
     real *route_a;  // routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar, delta)
-    real *h;        // (J, N, C)  site inputs h_j, h_final at j = 2L (mhar, delta; std reads slots)
+    real *h;        // (J, N, C)  site inputs h_j, h_final at j = 2L (mhar, hc, delta; std reads slots)
     real *mix;      // (J, N, C)  delta: routed mixes mix_j
     real *ln;       // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
     real *ln_rstd;  // (J, N)
@@ -624,9 +790,11 @@ typedef struct {
 } Acts;
 
 // Backward scratch and gradients of activations, in one allocation.
-#define NUM_GRAD_ACT_TENSORS 16
+#define NUM_GRAD_ACT_TENSORS 18
 typedef struct {
     real *dslots;   // (NS, N, C)  gradient of every slot, accumulated over all the sites that read it
+    real *dhcx;     // (N, n, C)  hc: gradient of the streams at the depth the backward has reached
+    real *dhcx2;    // (N, n, C)  hc: the streams' gradient one sublayer down (swapped with dhcx)
     real *dh;       // (N, C)  gradient of the input h_j of the current site
     real *dmix;     // (N, C)  delta: gradient of the current site's routed mix
     real *dsub;     // (N, C)  delta: gradient of the current sublayer's output (stream + block sum)
@@ -697,15 +865,16 @@ static void model_alloc_acts(Model *m, int B, int T) {
     const Config *c = &m->cfg;
     size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F, NS = num_slots(c);
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
-    int routed = c->mode != RES_STD, delta = c->mode == RES_DELTA;
-    size_t pairs = routed ? m->pair_off[J] : 0;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA, routed = mhar || delta;
+    size_t pairs = routed ? m->pair_off[J] : 0, hn = hc ? (size_t)c->n : 0;
     size_t asz[NUM_ACT_TENSORS] = {
-        NS * N * C, routed ? NS * N : 0, pairs * N * c->H, routed ? J * N * C : 0, delta ? J * N * C : 0,
-        J * N * C, J * N,
+        NS * N * C, J * N * hn * C, J * hn,
+        routed ? NS * N : 0, pairs * N * c->H, routed || hc ? J * N * C : 0, delta ? J * N * C : 0, J * N * C, J * N,
         L * N * QD, L * N * KVD, L * N * QD, L * N * KVD, L * N * KVD, L * N * c->NH, L * N * c->NKV,
         L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V, N * c->V, N};
     real **aptr[NUM_ACT_TENSORS] = {
-        &m->acts.slots, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.mix, &m->acts.ln, &m->acts.ln_rstd,
+        &m->acts.slots, &m->acts.hcx, &m->acts.hc_w, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.mix,
+        &m->acts.ln, &m->acts.ln_rstd,
         &m->acts.qr, &m->acts.kr, &m->acts.q, &m->acts.k, &m->acts.v, &m->acts.q_rstd, &m->acts.k_rstd,
         &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits,
         &m->acts.probs, &m->acts.losses};
@@ -716,10 +885,12 @@ static void model_alloc_acts(Model *m, int B, int T) {
     for (int i = 0; i < NUM_ACT_TENSORS; i++) { *aptr[i] = p; p += asz[i]; }
 
     size_t gsz[NUM_GRAD_ACT_TENSORS] = {
-        NS * N * C, N * C, delta ? N * C : 0, delta ? N * C : 0, N * C, N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
+        NS * N * C, N * hn * C, N * hn * C, N * C, delta ? N * C : 0, delta ? N * C : 0, N * C,
+        N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
         N * F, N * F, N * F};
     real **gptr[NUM_GRAD_ACT_TENSORS] = {
-        &m->gacts.dslots, &m->gacts.dh, &m->gacts.dmix, &m->gacts.dsub, &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
+        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dmix, &m->gacts.dsub,
+        &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
         &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
         &m->gacts.dmg, &m->gacts.dmu};
     total = 0;
@@ -815,6 +986,7 @@ static void mlp_sublayer_backward(Model *m, int l, const real *u, const real *do
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
 #define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
+#define HCX(j) (a->hcx + (size_t)(j) * N * c->n * C)
 
 // delta: write site j's null source n_j into slot J (config.h), with its r
 static void delta_null_slot(Model *m, int j, size_t N) {
@@ -827,11 +999,20 @@ static void delta_null_slot(Model *m, int j, size_t N) {
 // The input of sublayer j (j = 2L: of the final norm). std: the residual
 // stream x_j = slot j. mhar: route_j over the slots of site j's sources.
 // delta: x_j + alpha_j * route_j([n_j, b_0, b_1 .. b_m]).
+// hc: the read of the streams before sublayer j with w_j = softmax(alpha_j);
+// the final read takes the mean, w = 1/n.
 static real *site_forward(Model *m, int j, size_t N) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     size_t C = c->C;
     if (c->mode == RES_STD) { return SLOT(j); }
+    if (c->mode == RES_HC) {
+        real *w = a->hc_w + (size_t)j * c->n, *hj = a->h + (size_t)j * N * C;
+        if (j < 2 * c->L) { hc_weights_forward(w, m->params.hcalpha + (size_t)j * c->n, c->n); }
+        else { for (int r = 0; r < c->n; r++) { w[r] = (real)1 / c->n; } }
+        hc_read_forward(hj, HCX(j), w, N, c->C, c->n);
+        return hj;
+    }
     int src[1024];
     int n = site_sources(c, j, src);
     real *hj = a->h + (size_t)j * N * C;
@@ -844,8 +1025,8 @@ static real *site_forward(Model *m, int j, size_t N) {
 }
 
 // Where the norm backward of site j adds the gradient of its input: straight
-// into dslot j (std), or into the scratch dh, cleared, for site_backward (mhar,
-// delta).
+// into dslot j (std), or into the scratch dh, cleared, for site_backward (mhar
+// and delta: route_backward; hc: hc_read_backward).
 static real *site_dinput(Model *m, int j, size_t N) {
     size_t C = m->cfg.C;
     if (m->cfg.mode == RES_STD) { return DSLOT(j); }
@@ -861,6 +1042,13 @@ static void site_backward(Model *m, int j, size_t N) {
     GradActs *g = &m->gacts;
     size_t C = c->C;
     if (c->mode == RES_STD) { return; }
+    if (c->mode == RES_HC) {   // into the streams' gradient dhcx; the final read's weights are fixed
+        int n = c->n, last = j == 2 * c->L;
+        real *w = a->hc_w + (size_t)j * n, dw[64] = {0};
+        hc_read_backward(m->gacts.dhcx, last ? NULL : dw, m->gacts.dh, HCX(j), w, N, c->C, n);
+        if (!last) { hc_weights_backward(m->grads.hcalpha + (size_t)j * n, dw, w, n); }
+        return;
+    }
     int src[1024];
     int n = site_sources(c, j, src);
     real *dmix = g->dh;   // mhar: h_j is the mix
@@ -901,10 +1089,12 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     Acts *a = &m->acts;
     ParamTensors *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S;
-    int mhar = c->mode == RES_MHAR, delta = c->mode == RES_DELTA;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA;
+    size_t hn = (size_t)c->n;
     memcpy(m->inputs, inputs, N * sizeof(int));
     encoder_forward(SLOT(0), inputs, p->wte, N, c->C);
     if (mhar || delta) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }   // v_0 = b_0 = x_0
+    if (hc) { hc_expand_forward(HCX(0), SLOT(0), N, c->C, c->n); }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
         real *hj = site_forward(m, (int)j, N);
@@ -915,6 +1105,10 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         // slot j+1 = output of sublayer j, plus slot j when they chain (config.h)
         residual_forward(SLOT(j + 1), a->out, slot_chains(c, (int)j) ? SLOT(j) : NULL, N * C);
         if (mhar) { source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C); }
+        // hc: slot j+1 is o_j alone (nothing chains); the streams take it in
+        if (hc) {
+            hc_update_forward(HCX(j + 1), HCX(j), SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+        }
         // delta: b_k (k = the block of sublayer j) as the running sum of its outputs. SPEC writes
         // b_k = x_{kS} - x_{(k-1)S}, the same in exact arithmetic; the sum is exact where the
         // difference of two large stream values cancels, and it is what block mode computes.
@@ -954,8 +1148,10 @@ void model_backward(Model *m, real dloss) {
     GradActs *g = &m->gacts;
     ParamTensors *p = &m->params, *dp = &m->grads;
     int B = m->B, T = m->T;
-    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S, hn = (size_t)c->n;
+    int hc = c->mode == RES_HC;
     memset(g->dslots, 0, (size_t)num_slots(c) * N * C * sizeof(real));
+    if (hc) { memset(g->dhcx, 0, N * hn * C * sizeof(real)); }
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     real *dlogits = a->logits;   // the logits are spent: reuse their buffer
     if (m->ce_dloss == 0) {
@@ -969,7 +1165,7 @@ void model_backward(Model *m, real dloss) {
     memset(g->dln, 0, N * C * sizeof(real));
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->V);
     // uf = rmsnorm(h_final; lnfw)
-    real *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;
+    real *hf = c->mode == RES_STD ? SLOT(2 * L) : a->h + 2 * L * N * C;   // (hc: site_backward fills dhcx)
     real *dhf = site_dinput(m, (int)(2 * L), N);
     rmsnorm_backward(dhf, dp->lnfw, g->dln, hf, a->ln_rstd + 2 * L * N, p->lnfw, N, c->C);
     site_backward(m, (int)(2 * L), N);
@@ -977,6 +1173,12 @@ void model_backward(Model *m, real dloss) {
         size_t j = (size_t)jj, l = j / 2;
         // slot j+1 = out_j (+ slot j): every later site has added into dslot j+1 by now
         real *dout = DSLOT(j + 1);
+        if (hc) {   // streams after sublayer j = A_j X + beta_j o_j: dhcx holds their gradient
+            memset(g->dhcx2, 0, N * hn * C * sizeof(real));
+            hc_update_backward(g->dhcx2, dout, dp->hca + j * hn * hn, dp->hcbeta + j * hn, g->dhcx, HCX(j),
+                               SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+            real *t = g->dhcx; g->dhcx = g->dhcx2; g->dhcx2 = t;   // now the gradient of the streams before j
+        }
         if (slot_chains(c, (int)j)) {
             real *dprev = DSLOT(j);
             for (size_t i = 0; i < N * C; i++) { dprev[i] += dout[i]; }
@@ -999,12 +1201,15 @@ void model_backward(Model *m, real dloss) {
         rmsnorm_backward(dhj, dw, g->dln, hj, a->ln_rstd + j * N, w, N, c->C);
         site_backward(m, (int)j, N);
     }
+    // hc: the streams start as copies of slot 0
+    if (hc) { hc_expand_backward(DSLOT(0), g->dhcx, N, c->C, c->n); }
     // slot 0 = wte[inputs]
     encoder_backward(dp->wte, DSLOT(0), m->inputs, N, c->C);
 }
 
 #undef SLOT
 #undef DSLOT
+#undef HCX
 
 
 // ----------------------------------------------------------------------------
@@ -1114,14 +1319,17 @@ void model_free(Model *m) {
 #ifdef TESTING
 // Move every parameter away from its initialisation (used by test_mhar.c and
 // dev/mhar_grads.c), so that gradient checks exercise every path: matrices
-// N(0, 0.3^2), norm weights and gammas 1 + N(0, 0.2^2), routing queries N(0, 1).
+// N(0, 0.3^2), norm weights and gammas 1 + N(0, 0.2^2), routing queries N(0, 1);
+// hc: alpha N(0, 1), A = I + N(0, 0.3^2), beta = e_0 + N(0, 0.3^2).
 void model_randomize(Model *m, uint64_t seed) {
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 7;
     real *p = m->params_mem;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         for (size_t i = 0; i < m->sizes[ti]; i++) {
             double z = rng_normal(&rng);
-            if (ti == P_RQ) { p[i] = (real)z; }
+            if (ti == P_RQ || ti == P_HCALPHA) { p[i] = (real)z; }
+            else if (ti == P_HCA) { p[i] = (real)((i / m->cfg.n % m->cfg.n == i % m->cfg.n ? 1 : 0) + 0.3 * z); }
+            else if (ti == P_HCBETA) { p[i] = (real)((i % m->cfg.n == 0 ? 1 : 0) + 0.3 * z); }
             else if (ti == P_LN1W || ti == P_LN2W || ti == P_QNW || ti == P_KNW || ti == P_LNFW || ti == P_RG) {
                 p[i] = (real)(1 + 0.2 * z);
             } else { p[i] = (real)(0.3 * z); }
@@ -1152,7 +1360,7 @@ static void model_logits_row(Model *m, int t, float *out) {
     for (int i = 0; i < m->cfg.V; i++) { out[i] = (float)row[i]; }
 }
 
-#define MODEL_DELTA   // this trainer implements delta mode: Model.lr_new, read by adamw_update
+#define TRAINER_HAS_DELTA   // this trainer implements delta mode: Model.lr_new, read by adamw_update
 #include "common/train_loop.h"
 
 #ifndef TESTING

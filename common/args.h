@@ -11,6 +11,7 @@ typedef struct {
     const char *out_dir;     // -o  directory for log.txt and checkpoints ("" = none)
     const char *resume;      // -resume checkpoint to continue from ("" = fresh start)
     const char *init_from;   // -init_from std checkpoint to convert into a delta model ("" = none)
+    int overwrite;           // -overwrite 1: a fresh run may replace the run already in -o
     int B;                   // -b  micro-batch size (sequences)
     long total_batch;        // -d  tokens per optimizer step (gradient accumulation)
     int steps;               // -n  optimizer steps
@@ -35,7 +36,7 @@ static void args_defaults(TrainArgs *a) {
     Config *c = &a->cfg;
     c->V = 50257;
     config_apply_preset(c, "tiny");
-    c->mode = RES_MHAR; c->H = 4; c->S = 1;
+    c->mode = RES_MHAR; c->H = 4; c->S = 1; c->n = 4;   // n counts only in hc mode
     a->train_glob = "data/tiny/*_train_*.bin";
     a->val_glob = "data/tiny/*_val_*.bin";
     a->tokenizer = "";
@@ -67,10 +68,11 @@ static void args_usage(const char *prog) {
         "model:\n"
         "  -preset NAME   shape preset: test, tiny (default), 100m, 350m, 1b; later flags override it\n"
         "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
-        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1),\n"
+        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1), hc,\n"
         "                 delta (std plus a gated routed mix, SPEC section 9)\n"
         "  -H N           routing heads of mhar and delta, must divide C (default 4)\n"
         "  -S N           sublayers per block, 1 = full mhar (default 1; delta: 8)\n"
+        "  -hc_n N        streams of hyper-connections, -r hc (default 4)\n"
         "data and output:\n"
         "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
         "  -j GLOB        val shards, \"\" for none (default data/tiny/*_val_*.bin)\n"
@@ -79,6 +81,7 @@ static void args_usage(const char *prog) {
         "  -resume FILE   continue from a checkpoint: weights, AdamW state, step, data position\n"
         "  -init_from FILE  convert a std checkpoint into this -r delta model: its weights, the\n"
         "                 new parameters at their init, AdamW from zero at step 0, its data position\n"
+        "  -overwrite 1   a fresh run replaces the run in -o (its log and checkpoints); default 0 refuses\n"
         "optimisation (SPEC section 6):\n"
         "  -b N           micro-batch size in sequences (default 8)\n"
         "  -d N           tokens per optimizer step; a multiple of b*T (default b*T)\n"
@@ -96,15 +99,18 @@ static void args_usage(const char *prog) {
         "  -val_every N   val loss every N steps and at the end, 0 = never (default 50)\n"
         "  -val_batches N micro-batches per val loss (default 8)\n"
         "  -sample_every N  print a sample every N steps and at the end, 0 = never (default 100)\n"
-        "  -sample_len N  tokens per sample (default 64)\n"
+        "  -sample_len N  tokens per sample, at most T (default 64)\n"
         "  -ckpt_every N  checkpoint every N steps and at the end, 0 = end only (default 0)\n",
         prog);
 }
 
-// Parse "-flag value" pairs into a. Dies with a one-line error on any bad flag.
+// Parse "-flag value" pairs into a. Dies with a one-line error on any bad flag:
+// integers parse strictly (no fraction, exponent or overflow), reals must be
+// finite, and each value must lie in its range (named in the message).
 static void args_parse(TrainArgs *a, int argc, char **argv) {
     args_defaults(a);
     Config *c = &a->cfg;
+    int d_given = 0;
     int s_given = 0;   // delta's default S is 8 unless -S says otherwise
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -116,36 +122,46 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
                 argv[i][0] != '-' ? "is not a -flag" : "has no value", argv[0]);
         }
         const char *f = argv[i] + 1, *v = argv[++i];
-        char *end = NULL;
-        double num = strtod(v, &end);
-        int is_num = end != v && *end == '\0';
-#define INT_FLAG(name, dst) else if (strcmp(f, name) == 0) { if (!is_num || num != (long)num) die("-%s needs an integer, got '%s'", name, v); dst = (long)num; }
-#define REAL_FLAG(name, dst) else if (strcmp(f, name) == 0) { if (!is_num) die("-%s needs a number, got '%s'", name, v); dst = (float)num; }
+        // integer flags: name, destination, range; sizes are bounded so that size arithmetic cannot overflow
+#define INT_FLAG(name, dst, lo, hi) else if (strcmp(f, name) == 0) { dst = parse_int_flag(name, v, lo, hi); }
+#define REAL_FLAG(name, dst, lo, lo_open, hi, hi_open) \
+        else if (strcmp(f, name) == 0) { dst = (float)parse_real_flag(name, v, lo, lo_open, hi, hi_open); }
         if (strcmp(f, "preset") == 0) { config_apply_preset(c, v); }
         else if (strcmp(f, "r") == 0) {
             if (strcmp(v, "std") == 0) { c->mode = RES_STD; }
             else if (strcmp(v, "mhar") == 0) { c->mode = RES_MHAR; }
             else if (strcmp(v, "attnres") == 0) { c->mode = RES_MHAR; c->H = 1; }
+            else if (strcmp(v, "hc") == 0) { c->mode = RES_HC; }
             else if (strcmp(v, "delta") == 0) { c->mode = RES_DELTA; }
-            else { die("-r '%s' is not a residual mode; use std, mhar, attnres or delta", v); }
+            else { die("-r '%s' is not a residual mode; use std, mhar, attnres, hc or delta", v); }
         }
-        INT_FLAG("L", c->L) INT_FLAG("C", c->C) INT_FLAG("NH", c->NH) INT_FLAG("NKV", c->NKV)
-        INT_FLAG("F", c->F) INT_FLAG("T", c->T) INT_FLAG("V", c->V) INT_FLAG("H", c->H)
-        else if (strcmp(f, "S") == 0) { if (!is_num || num != (long)num) die("-S needs an integer, got '%s'", v); c->S = (int)num; s_given = 1; }
+        INT_FLAG("L", c->L, 1, CONFIG_MAX_L) INT_FLAG("C", c->C, 2, CONFIG_MAX_C)
+        INT_FLAG("NH", c->NH, 1, CONFIG_MAX_C) INT_FLAG("NKV", c->NKV, 1, CONFIG_MAX_C)
+        INT_FLAG("F", c->F, 1, CONFIG_MAX_F) INT_FLAG("T", c->T, 1, CONFIG_MAX_T)
+        INT_FLAG("V", c->V, 2, CONFIG_MAX_V) INT_FLAG("H", c->H, 1, CONFIG_MAX_C)
+        else if (strcmp(f, "S") == 0) { c->S = parse_int_flag("S", v, 1, 2 * CONFIG_MAX_L); s_given = 1; }
+        INT_FLAG("hc_n", c->n, 1, 64)
         else if (strcmp(f, "i") == 0) { a->train_glob = v; }
         else if (strcmp(f, "j") == 0) { a->val_glob = v; }
         else if (strcmp(f, "tok") == 0) { a->tokenizer = v; }
         else if (strcmp(f, "o") == 0) { a->out_dir = v; }
         else if (strcmp(f, "resume") == 0) { a->resume = v; }
         else if (strcmp(f, "init_from") == 0) { a->init_from = v; }
-        INT_FLAG("b", a->B) INT_FLAG("d", a->total_batch) INT_FLAG("n", a->steps)
-        REAL_FLAG("lr", a->lr) REAL_FLAG("lr_new", a->lr_new) INT_FLAG("warmup", a->warmup) REAL_FLAG("lr_min", a->lr_min_frac)
-        REAL_FLAG("wd", a->wd) REAL_FLAG("beta1", a->beta1) REAL_FLAG("beta2", a->beta2)
-        REAL_FLAG("eps", a->eps) REAL_FLAG("clip", a->clip)
-        INT_FLAG("val_every", a->val_every) INT_FLAG("val_batches", a->val_batches)
-        INT_FLAG("sample_every", a->sample_every) INT_FLAG("sample_len", a->sample_len)
-        INT_FLAG("ckpt_every", a->ckpt_every) INT_FLAG("seed", a->seed)
-        REAL_FLAG("init_std", a->init_std)
+        INT_FLAG("overwrite", a->overwrite, 0, 1)
+        INT_FLAG("b", a->B, 1, 1 << 20)
+        else if (strcmp(f, "d") == 0) { a->total_batch = (long)parse_int_flag("d", v, 1, 1ll << 40); d_given = 1; }
+        INT_FLAG("n", a->steps, 1, INT_MAX - 1)
+        REAL_FLAG("lr", a->lr, 0, 0, 1e30, 0) REAL_FLAG("lr_new", a->lr_new, 0, 0, 1e30, 0)
+        INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
+        REAL_FLAG("lr_min", a->lr_min_frac, 0, 0, 1, 0)
+        REAL_FLAG("wd", a->wd, 0, 0, 1e30, 0) REAL_FLAG("beta1", a->beta1, 0, 0, 1, 1)
+        REAL_FLAG("beta2", a->beta2, 0, 0, 1, 1)
+        REAL_FLAG("eps", a->eps, 0, 1, 1, 0) REAL_FLAG("clip", a->clip, 0, 0, 1e30, 0)
+        INT_FLAG("val_every", a->val_every, 0, INT_MAX) INT_FLAG("val_batches", a->val_batches, 1, 1 << 20)
+        INT_FLAG("sample_every", a->sample_every, 0, INT_MAX) INT_FLAG("sample_len", a->sample_len, 1, CONFIG_MAX_T)
+        INT_FLAG("ckpt_every", a->ckpt_every, 0, INT_MAX)
+        else if (strcmp(f, "seed") == 0) { a->seed = parse_u64_flag("seed", v); }
+        REAL_FLAG("init_std", a->init_std, 0, 1, 10, 0)
         else { die("unknown flag -%s; run %s --help for the list", f, argv[0]); }
 #undef INT_FLAG
 #undef REAL_FLAG
@@ -160,13 +176,15 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
         die("-init_from %s and -resume %s both given; convert once with -init_from, then continue "
             "the delta run with -resume alone", a->init_from, a->resume);
     }
-    if (!(a->lr_new >= 0)) { die("-lr_new %g: the new parameters' learning-rate multiple must be >= 0", a->lr_new); }
-    if (a->B < 1) { die("-b %d: the micro-batch needs at least one sequence", a->B); }
-    long bt = (long)a->B * c->T;
-    if (a->total_batch == 0) { a->total_batch = bt; }
-    if (a->total_batch % bt != 0) {
-        die("-d %ld is not a multiple of b*T = %ld; pick -d = k*%ld", a->total_batch, bt, bt);
+    long long bt = (long long)a->B * c->T;
+    if (bt > INT_MAX / 2) {
+        die("-b %d x T %d = %lld tokens per micro-batch is over the supported %d; use a smaller -b", a->B, c->T, bt,
+            INT_MAX / 2);
     }
-    if (a->steps < 1) { die("-n %d: train for at least one step", a->steps); }
+    if (!d_given) { a->total_batch = (long)bt; }
+    if (a->total_batch % bt != 0 || a->total_batch / bt > INT_MAX) {
+        die("-d %ld is not a multiple of b*T = %lld (at most %d micro-batches); pick -d = k*%lld", a->total_batch,
+            bt, INT_MAX, bt);
+    }
     if (a->sample_len > c->T) { a->sample_len = c->T; }
 }

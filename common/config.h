@@ -5,8 +5,17 @@
 #pragma once
 #include "util.h"
 
-// residual mode: SPEC section 4 (std, mhar), section 9 (delta: std plus a gated routed mix)
-enum { RES_STD = 0, RES_MHAR = 1, RES_DELTA = 3 };
+// residual mode: SPEC section 4 (std, mhar), section 8 (hc), section 9 (delta: std plus a gated routed mix)
+enum { RES_STD = 0, RES_MHAR = 1, RES_HC = 2, RES_DELTA = 3 };
+
+// Upper bounds of the sizes, from flags or a checkpoint header. They keep every
+// size product (Vp*C, L*F*C, B*T*C, ...) far inside size_t and every int
+// field inside int, and are far above any model this project trains.
+#define CONFIG_MAX_V (1 << 24)   // the tokenizer file's limit too
+#define CONFIG_MAX_T (1 << 20)
+#define CONFIG_MAX_L 511
+#define CONFIG_MAX_C (1 << 16)
+#define CONFIG_MAX_F (1 << 20)
 
 typedef struct {
     int V;    // vocabulary size
@@ -18,9 +27,10 @@ typedef struct {
     int NKV;  // key/value heads (GQA)
     int HD;   // head dim = C / NH
     int F;    // SwiGLU hidden width
-    int mode; // RES_STD, RES_MHAR (attnres is RES_MHAR with H = 1) or RES_DELTA
-    int H;    // routing heads (mhar, delta); 1 in std mode
-    int S;    // sublayers per block (mhar: 1 = full mode, a source per sublayer; delta: default 8)
+    int mode; // RES_STD, RES_MHAR (attnres is RES_MHAR with H = 1), RES_HC or RES_DELTA
+    int H;    // routing heads (mhar, delta); 1 in std and hc mode
+    int S;    // sublayers per block (mhar: 1 = full mode, a source per sublayer; delta: default 8); 1 in std and hc
+    int n;    // hyper-connection streams (hc, SPEC section 8); 0 in every other mode
 } Config;
 
 // Named shapes. "100m" is the paper's 100M model (SPEC section 2).
@@ -49,6 +59,7 @@ static void config_apply_preset(Config *c, const char *name) {
 
 static const char *config_mode_name(const Config *c) {
     if (c->mode == RES_STD) { return "std"; }
+    if (c->mode == RES_HC) { return "hc"; }
     if (c->mode == RES_DELTA) { return "delta"; }
     if (c->H == 1 && c->S == 1) { return "attnres"; }
     return c->S == 1 ? "mhar" : "block-mhar";
@@ -57,12 +68,14 @@ static const char *config_mode_name(const Config *c) {
 // Fill the derived fields (HD, Vp) and die with a clear message on any
 // inconsistent value. `where` names the source of the config (flags or a file).
 static void config_finalize(Config *c, const char *where) {
-    if (c->V < 2 || c->T < 1 || c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1) {
-        die("%s: every size must be positive (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d)",
-            where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F);
+    if (c->V < 2 || c->V > CONFIG_MAX_V || c->T < 1 || c->T > CONFIG_MAX_T || c->L < 1 || c->L > CONFIG_MAX_L ||
+        c->C < 1 || c->C > CONFIG_MAX_C || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->F > CONFIG_MAX_F) {
+        die("%s: sizes out of range (V=%d T=%d L=%d C=%d NH=%d NKV=%d F=%d); allowed: V 2..%d, T 1..%d, L 1..%d, "
+            "C 1..%d, NH and NKV >= 1, F 1..%d", where, c->V, c->T, c->L, c->C, c->NH, c->NKV, c->F,
+            CONFIG_MAX_V, CONFIG_MAX_T, CONFIG_MAX_L, CONFIG_MAX_C, CONFIG_MAX_F);
     }
-    if (c->mode != RES_STD && c->mode != RES_MHAR && c->mode != RES_DELTA) {
-        die("%s: residual mode %d is unknown; use std, mhar, attnres or delta", where, c->mode);
+    if (c->mode != RES_STD && c->mode != RES_MHAR && c->mode != RES_HC && c->mode != RES_DELTA) {
+        die("%s: residual mode %d is unknown; use std, mhar, attnres, hc or delta", where, c->mode);
     }
     if (c->C % c->NH != 0) {
         die("%s: NH=%d does not divide C=%d; pick NH so that C/NH is a whole head dim", where, c->NH, c->C);
@@ -74,20 +87,29 @@ static void config_finalize(Config *c, const char *where) {
     if (c->HD % 2 != 0) {
         die("%s: head dim C/NH=%d is odd; RoPE rotates pairs, so choose C/NH even", where, c->HD);
     }
-    if (c->mode == RES_STD) { c->H = 1; c->S = 1; }
+    if (c->mode == RES_STD || c->mode == RES_HC) { c->H = 1; c->S = 1; }
+    if (c->mode != RES_HC) { c->n = 0; }
+    if (c->mode == RES_HC && (c->n < 1 || c->n > 64)) {
+        die("%s: hc_n=%d streams; hyper-connections need 1 to 64 streams (the paper uses 4)", where, c->n);
+    }
     if (c->H < 1 || c->C % c->H != 0) {
         die("%s: H=%d does not divide C=%d; routing heads must split the width evenly (try H=1,2,4,8)",
             where, c->H, c->C);
     }
-    if (c->L > 511) { die("%s: L=%d is over the supported 511 blocks", where, c->L); }
-    if (c->S < 1) { die("%s: S=%d; sublayers per block must be at least 1 (1 = full mhar)", where, c->S); }
-    c->Vp = (c->V + 127) / 128 * 128;
+    // delta may have S > 2L (its default S = 8 on a small model): no block completes, and every
+    // site reads the null source and b_0 (SPEC section 9); mhar's blocks must fit the model.
+    if (c->S < 1 || c->S > (c->mode == RES_DELTA ? 2 * CONFIG_MAX_L : 2 * c->L)) {
+        die("%s: S=%d sublayers per block is out of range; use 1 (full mhar) to 2L=%d", where, c->S,
+            c->mode == RES_DELTA ? 2 * CONFIG_MAX_L : 2 * c->L);
+    }
+    c->Vp = (c->V + 127) / 128 * 128;   // no overflow: V <= CONFIG_MAX_V
 }
 
 static void config_print(const Config *c, FILE *f) {
     fprintf(f, "model: %s  L=%d C=%d NH=%d NKV=%d HD=%d F=%d T=%d V=%d (Vp=%d)",
             config_mode_name(c), c->L, c->C, c->NH, c->NKV, c->HD, c->F, c->T, c->V, c->Vp);
-    if (c->mode != RES_STD) { fprintf(f, " H=%d S=%d", c->H, c->S); }
+    if (c->mode == RES_MHAR || c->mode == RES_DELTA) { fprintf(f, " H=%d S=%d", c->H, c->S); }
+    if (c->mode == RES_HC) { fprintf(f, " n=%d", c->n); }
     fprintf(f, "\n");
 }
 
@@ -110,6 +132,9 @@ enum {
     P_LNFW,  // (C)          final norm g_f
     P_RQ,    // (2L+1, C)    routing pseudo-queries q_j (mhar, delta)
     P_RG,    // (2L+1, C)    routing key-norm weights gamma_j (mhar, delta)
+    P_HCALPHA, // (2L, n)    hc read logits alpha_j: sublayer j reads softmax(alpha_j) of the streams (hc only)
+    P_HCA,   // (2L, n, n)   hc stream mix A_j[r,s] (hc only)
+    P_HCBETA,  // (2L, n)    hc write weights beta_j: stream r gets beta_j[r] * o_j (hc only)
     P_DNULL, // (2L+1, C)    delta: null sources n_j, one vector per site (SPEC section 9)
     P_DALPHA,// (2L+1)       delta: gates alpha_j of the routed mix, one scalar per site
     NUM_PARAM_TENSORS
@@ -117,12 +142,12 @@ enum {
 
 static const char *const param_names[NUM_PARAM_TENSORS] = {
     "wte", "ln1w", "wq", "wk", "wv", "qnw", "knw", "wo", "ln2w", "wg", "wu", "wd", "lnfw", "rq", "rg",
-    "dnull", "dalpha"};
+    "hcalpha", "hca", "hcbeta", "dnull", "dalpha"};
 
 static void param_sizes(const Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
     size_t L = c->L, C = c->C, HD = c->HD, F = c->F;
     size_t QD = (size_t)c->NH * HD, KVD = (size_t)c->NKV * HD;
-    size_t sites = c->mode != RES_STD ? 2 * L + 1 : 0, dsites = c->mode == RES_DELTA ? 2 * L + 1 : 0;
+    size_t sites = (c->mode == RES_MHAR || c->mode == RES_DELTA) ? 2 * L + 1 : 0, dsites = c->mode == RES_DELTA ? 2 * L + 1 : 0;
     sizes[P_WTE] = (size_t)c->Vp * C;
     sizes[P_LN1W] = L * C;
     sizes[P_WQ] = L * QD * C;
@@ -138,6 +163,10 @@ static void param_sizes(const Config *c, size_t sizes[NUM_PARAM_TENSORS]) {
     sizes[P_LNFW] = C;
     sizes[P_RQ] = sites * C;
     sizes[P_RG] = sites * C;
+    size_t hcn = c->mode == RES_HC ? (size_t)c->n : 0;   // 0 in other modes: their checkpoints are unchanged
+    sizes[P_HCALPHA] = 2 * L * hcn;
+    sizes[P_HCA] = 2 * L * hcn * hcn;
+    sizes[P_HCBETA] = 2 * L * hcn;
     sizes[P_DNULL] = dsites * C;
     sizes[P_DALPHA] = dsites;
 }
@@ -151,7 +180,7 @@ static size_t param_count(const Config *c) {
 
 // AdamW weight decay applies to the matrices only, not to norm weights,
 // routing queries or gammas (the usual choice; SPEC section 6 is silent), nor
-// to delta's null sources and gates (SPEC section 9).
+// to hc's alpha, A, beta (SPEC section 8), nor to delta's null sources and gates (SPEC section 9).
 static int param_is_decayed(int i) {
     return i == P_WTE || i == P_WQ || i == P_WK || i == P_WV || i == P_WO ||
            i == P_WG || i == P_WU || i == P_WD;
@@ -215,66 +244,15 @@ static int site_sources(const Config *c, int j, int *src) {
     return n;
 }
 
-// Groups of the routing forward (the CUDA trainer's route_forward, lab
-// dev/cuda/route.cu v13). The queries do not depend on the input, so while the
-// kernel of site g reads its sources it can also run the softmax of a later
-// site g+m over those same sources and store it as a partial (the fp32 mix
-// (N, C) and the log-sum-exp per head (N, H)); site g+m then starts from the
-// partial and reads only the rest of its own sources. Site g+m may join site
-// g's group when g's source list (n[g] slots) is a strict prefix of its own
-// and no slot of it is written after site g: slot k >= 1 is written once, by
-// sublayer k-1, between sites k-1 and k (the slots above), so slot k <= g.
-// Groups are runs of consecutive sites, at most kmax long. A group is taken
-// only where it costs less per position, counting bytes (a source row: vbytes*C
-// + 4 for its r; a partial: 4(C + H) written and read again) and the extra
-// sites' work: each extra site's pass over a source row of the leader costs
-// ROUTE_FWD_XCOST rows (on the H200, groups by bytes alone took the 100M full
-// forward from 3.18 to 2.90 ms a step where bytes predicted 1.91: 0.55 a row;
-// block S=4 lost time), or wherever it may when
-// all != 0 (the largest group first; the checks, to run the grouped path on
-// small models). src: row j (stride ld) holds site j's n[j] slots.
-// Writes lead[j], the first site of j's group (j itself when it leads or is
-// alone); returns the number of sites that start from a partial.
-#define ROUTE_FWD_XCOST 0.55
-static int route_fwd_plan(int J, const int *n, const int *src, int ld, int C, int H, int vbytes, int kmax, int all,
-                          int *lead) {
-    const double row = (double)vbytes * C + 4, part = 2.0 * 4 * (C + H);
-    double *best = (double *)malloc(((size_t)J + 1) * sizeof(double));   // bytes of sites j..J-1
-    int *len = (int *)malloc((size_t)J * sizeof(int));                    // the group that starts at j
-    if (best == NULL || len == NULL) { fprintf(stderr, "error: out of host memory\n"); exit(1); }
-    best[J] = 0;
-    for (int j = J - 1; j >= 0; j--) {
-        const int *sj = src + (size_t)j * ld;
-        int ok = 1;
-        for (int i = 0; i < n[j]; i++) { ok = ok && sj[i] <= j; }   // written before site j, never after
-        best[j] = n[j] * row + best[j + 1];
-        len[j] = 1;
-        double cost = n[j] * row;   // the group j .. j+k-1 alone
-        for (int k = 2; ok && k <= kmax && j + k <= J; k++) {
-            const int g = j + k - 1, *sg = src + (size_t)g * ld;
-            ok = n[g] > n[j];
-            for (int i = 0; ok && i < n[j]; i++) { ok = sg[i] == sj[i]; }
-            if (!ok) { break; }
-            cost += (n[g] - n[j]) * row + part + ROUTE_FWD_XCOST * n[j] * row;
-            if (all || cost + best[j + k] < best[j]) { best[j] = cost + best[j + k]; len[j] = k; }
-        }
-    }
-    int starts = 0;
-    for (int j = 0; j < J; j += len[j]) {
-        for (int m = 0; m < len[j]; m++) { lead[j + m] = j; }
-        starts += len[j] - 1;
-    }
-    free(best); free(len);
-    return starts;
-}
-
 // ---------------------------------------------------------------------------
 // Initialisation (SPEC section 6): every matrix N(0, std^2), norm weights and
 // routing gammas 1, routing queries 0, delta's null sources and gates 0
 // (SPEC section 9; so a delta model's std tensors get the same draws as a std
 // model's of the same seed); the padding rows V..Vp-1 of wte are 0
-// (they never reach the softmax). Draws come from one xorshift stream in
-// tensor order, so both trainers start from the same float32 bits.
+// (they never reach the softmax). hc (SPEC section 8): alpha 0.02 N(0,1),
+// A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1), with SPEC's fixed 0.02 (not
+// -init_std, which scales the matrices only). Draws come from one xorshift
+// stream in tensor order, so both trainers start from the same float32 bits.
 static void params_init(float *p, const Config *c, uint64_t seed, float std) {
     size_t sizes[NUM_PARAM_TENSORS];
     param_sizes(c, sizes);
@@ -285,6 +263,11 @@ static void params_init(float *p, const Config *c, uint64_t seed, float std) {
             if (i == P_RQ || i == P_DNULL || i == P_DALPHA) { x = 0.0f; }
             else if (i == P_LN1W || i == P_LN2W || i == P_QNW || i == P_KNW || i == P_LNFW || i == P_RG) { x = 1.0f; }
             else if (i == P_WTE && k >= (size_t)c->V * c->C) { x = 0.0f; }
+            else if (i == P_HCALPHA) { x = (float)(0.02 * rng_normal(&rng)); }
+            else if (i == P_HCA) {   // (2L, n, n): the identity plus noise
+                size_t r = k / c->n % c->n, s = k % c->n;
+                x = (float)((r == s ? 1.0 : 0.0) + 0.02 * rng_normal(&rng));
+            } else if (i == P_HCBETA) { x = (float)((k % c->n == 0 ? 1.0 : 0.0) + 0.02 * rng_normal(&rng)); }
             else { x = (float)(std * rng_normal(&rng)); }
             p[k] = x;
         }

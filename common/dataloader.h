@@ -30,12 +30,19 @@ typedef struct {
 } DataLoader;
 
 // Read and check one shard header; returns the token count and sets *elem.
+// The file is closed before any check can fail.
 static size_t shard_open_check(const char *path, int *elem) {
+    if (is_directory(path)) { die("%s is a directory, not a token shard; fix the -i/-j glob", path); }
     FILE *f = fopen_check(path, "rb");
     int header[SHARD_HEADER_INTS];
-    if (fread(header, sizeof(int), SHARD_HEADER_INTS, f) != SHARD_HEADER_INTS) {
+    size_t got = fread(header, sizeof(int), SHARD_HEADER_INTS, f);
+    struct stat st;
+    int stat_ok = fstat(fileno(f), &st) == 0;
+    fclose(f);
+    if (got != SHARD_HEADER_INTS) {
         die("%s is shorter than the 1024-byte shard header; it is not a token shard (re-run data_prep)", path);
     }
+    if (!stat_ok) { die("cannot stat %s: %s", path, strerror(errno)); }
     if (header[0] == SHARD_MAGIC_U16 && header[1] == 1) { *elem = 2; }
     else if (header[0] == SHARD_MAGIC_U32 && header[1] == 7) { *elem = 4; }
     else {
@@ -44,9 +51,7 @@ static size_t shard_open_check(const char *path, int *elem) {
     }
     if (header[2] < 0) { die("%s has a negative token count %d in its header", path, header[2]); }
     size_t ntok = (size_t)(unsigned)header[2];
-    fseek(f, 0, SEEK_END);
-    long long bytes = ftell(f);
-    fclose(f);
+    long long bytes = (long long)st.st_size;
     long long want = (long long)sizeof(int) * SHARD_HEADER_INTS + (long long)ntok * *elem;
     if (bytes != want) {
         die("%s is %lld bytes but its header promises %zu tokens (%lld bytes): the file is %s; re-create it",
@@ -102,9 +107,10 @@ static void dataloader_next(DataLoader *dl) {
     const char *path = dl->paths[dl->shard];
     int elem = dl->elem[dl->shard];
     FILE *f = fopen_check(path, "rb");
-    fseek(f, (long)(sizeof(int) * SHARD_HEADER_INTS + (size_t)dl->pos * elem), SEEK_SET);
-    fread_check(dl->buf, elem, n + 1, f, path);
+    int ok = fseek(f, (long)(sizeof(int) * SHARD_HEADER_INTS + (size_t)dl->pos * elem), SEEK_SET) == 0 &&
+             fread(dl->buf, elem, n + 1, f) == n + 1;
     fclose(f);
+    if (!ok) { die("%s is truncated or unreadable (it changed since the run began?); re-create it", path); }
     for (size_t i = 0; i <= n; i++) {
         uint32_t tok;
         if (elem == 2) { uint16_t t16; memcpy(&t16, dl->buf + 2 * i, 2); tok = t16; }

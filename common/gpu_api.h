@@ -9,7 +9,10 @@
 //                  can be used (this one never exits)
 //   create         a model of config cfg whose parameters are the float32 host
 //                  array params (checkpoint layout, param_count(cfg) floats),
-//                  with activations for batches up to maxB x maxT
+//                  with activations for batches up to maxB x maxT; its routing
+//                  forward groups sites wherever the slots allow (route_fwd_plan's
+//                  all: small test models seldom group where it only pays off),
+//                  so that the grouped kernels run in the checks
 //   forward_backward  zero the gradients, forward on inputs/targets (B, T),
 //                  backward with dloss = 1/(B*T), as a training step does
 //                  (the cross-entropy's backward fused into the forward);

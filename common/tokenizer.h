@@ -30,6 +30,12 @@ Usage:
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+// how a fatal error ends the process (common/util.h redefines it for the fuzz build)
+#ifndef MHAR_EXIT
+#define MHAR_EXIT(code) exit(code)
+#endif
 
 #define TOKENIZER_FILE_MAGIC 0x4B54484D
 #define TOKENIZER_FILE_VERSION 1
@@ -49,8 +55,19 @@ static inline uint32_t tokenizer_le32_(const unsigned char *p) {
 
 // prints the one-line error about the tokenizer file and exits
 static inline void tokenizer_fail_(const char *path, const char *problem) {
+#ifndef MHAR_FUZZ
     fprintf(stderr, "error: tokenizer file %s: %s; fix: regenerate it with data_prep/tokenize (e.g. `make data/tiny`)\n", path, problem);
-    exit(1);
+#else
+    (void)path; (void)problem;
+#endif
+    MHAR_EXIT(1);
+}
+
+// releases the memory of tokenizer_init
+static inline void tokenizer_free(Tokenizer *tok) {
+    free(tok->bytes);
+    free(tok->offset);
+    memset(tok, 0, sizeof(*tok));
 }
 
 // loads the tokenizer file at path; on any problem prints one line naming the
@@ -60,7 +77,12 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "error: cannot open tokenizer file %s: %s; fix: create it with data_prep/tokenize (e.g. `make data/tiny`) or pass the right path\n", path, strerror(errno));
-        exit(1);
+        MHAR_EXIT(1);
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        tokenizer_fail_(path, "not a regular file (a directory?)");
     }
     unsigned char header[TOKENIZER_HEADER_INTS * 4];
     if (fread(header, 1, sizeof header, f) != sizeof header) { fclose(f); tokenizer_fail_(path, "shorter than its 1024-byte header"); }
@@ -87,11 +109,18 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
     fseek(f, 0, SEEK_END);
     long end = ftell(f);
     fseek(f, start, SEEK_SET);
+    if (start < 0 || end < start) { fclose(f); tokenizer_fail_(path, "cannot tell its size"); }
     size_t rest = (size_t)(end - start);
+    if (rest / 4 < vocab) {   // every token has at least its 4-byte length: refuse before allocating for vocab ids
+        fclose(f);
+        snprintf(msg, sizeof msg, "truncated: %u tokens need at least %llu bytes after the header, it has %zu", vocab,
+                 4ull * vocab, rest);
+        tokenizer_fail_(path, msg);
+    }
     unsigned char *body = (unsigned char *)malloc(rest ? rest : 1);
     tok->offset = (size_t *)malloc(((size_t)vocab + 1) * sizeof(size_t));
-    if (!body || !tok->offset) { fclose(f); tokenizer_fail_(path, "out of memory"); }
-    if (fread(body, 1, rest, f) != rest) { fclose(f); tokenizer_fail_(path, "read failed"); }
+    if (!body || !tok->offset) { fclose(f); free(body); tokenizer_free(tok); tokenizer_fail_(path, "out of memory"); }
+    if (fread(body, 1, rest, f) != rest) { fclose(f); free(body); tokenizer_free(tok); tokenizer_fail_(path, "read failed"); }
     fclose(f);
     // compact the entries in place: drop the length fields, keep the bytes
     size_t in = 0, out = 0;
@@ -99,6 +128,7 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
         if (rest - in < 4) {
             snprintf(msg, sizeof msg, "truncated at token %u of %u", id, vocab);
             free(body);
+            tokenizer_free(tok);
             tokenizer_fail_(path, msg);
         }
         uint32_t n = tokenizer_le32_(body + in);
@@ -106,6 +136,7 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
         if (n > rest - in) {
             snprintf(msg, sizeof msg, "token %u claims %u bytes, past the end of the file", id, n);
             free(body);
+            tokenizer_free(tok);
             tokenizer_fail_(path, msg);
         }
         tok->offset[id] = out;
@@ -116,6 +147,7 @@ static inline void tokenizer_init(Tokenizer *tok, const char *path) {
     if (in != rest) {
         snprintf(msg, sizeof msg, "%zu unexpected bytes after the last token", rest - in);
         free(body);
+        tokenizer_free(tok);
         tokenizer_fail_(path, msg);
     }
     tok->offset[vocab] = out;
@@ -136,12 +168,5 @@ static inline uint32_t tokenizer_eot(const Tokenizer *tok) { return tok->eot; }
 
 // number of token ids (valid ids are 0 .. vocab_size-1)
 static inline uint32_t tokenizer_vocab_size(const Tokenizer *tok) { return tok->vocab_size; }
-
-// releases the memory of tokenizer_init
-static inline void tokenizer_free(Tokenizer *tok) {
-    free(tok->bytes);
-    free(tok->offset);
-    memset(tok, 0, sizeof(*tok));
-}
 
 #endif

@@ -10,7 +10,7 @@
 //   void device_finish(char *desc, size_t n) tear down, describe memory use at the end
 //   void model_logits_row(Model *m, int t, float *out)   row t of the last forward's
 //                                                         logits (V floats) on the host
-// A trainer that implements delta mode (SPEC section 9) defines MODEL_DELTA
+// A trainer that implements delta mode (SPEC section 9) defines TRAINER_HAS_DELTA
 // before including this header; its Model then has a field lr_new (the
 // learning-rate multiple of the new parameters, config.h's param_is_new, read
 // by its adamw_update). Without it, -r delta stops with an error.
@@ -43,13 +43,34 @@ static float evaluate(Model *m, DataLoader *dl, int n) {
     return (float)(sum / n);
 }
 
+// Of the n bytes in buf, how many form whole UTF-8 characters from the start:
+// the rest (at most 3 bytes) is the beginning of a character whose other bytes
+// come with a later token. A byte that cannot start a character counts as whole
+// (it is printed as it is), so nothing waits forever.
+static size_t utf8_whole_prefix(const unsigned char *buf, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned char b = buf[i];
+        size_t len = b >= 0xF0 && b <= 0xF4 ? 4 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xC2 && b <= 0xDF ? 2 : 1;
+        size_t k = 1;
+        while (k < len && i + k < n && (buf[i + k] & 0xC0) == 0x80) { k++; }
+        if (k < len && i + k == n) { break; }   // the character goes on in a later token
+        i += k;                                 // whole, or broken (printed as it is)
+    }
+    return i;
+}
+
 // Print len tokens drawn from the model, starting from the EOT token; each
 // step reruns the model on the prefix (simple, not fast). Decodes with tok,
-// or prints ids when tok is NULL.
+// printing whole UTF-8 characters only (a token may end inside one), or prints
+// ids when tok is NULL.
 static void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint64_t *rng) {
     int V = m->cfg.V;
+    if (eot < 0 || eot >= V) { die("sampling starts from token %d, outside the vocabulary V=%d", eot, V); }
     int *seq = (int *)malloc_check((size_t)(len + 1) * sizeof(int));
     float *logits = (float *)malloc_check((size_t)V * sizeof(float));
+    unsigned char *pending = NULL;   // decoded bytes not yet printed: an unfinished UTF-8 character
+    size_t npending = 0;
     seq[0] = eot;
     printf("--- sample ---\n");
     for (int t = 1; t <= len; t++) {
@@ -70,15 +91,76 @@ static void model_sample(Model *m, const Tokenizer *tok, int eot, int len, uint6
         if (tok != NULL) {
             size_t n = 0;
             const unsigned char *bytes = tokenizer_decode(tok, (uint32_t)next, &n);
-            if (bytes != NULL) { fwrite(bytes, 1, n, stdout); }
+            if (bytes == NULL) { printf("<%d>", next); n = 0; }   // an id the tokenizer does not have
+            pending = (unsigned char *)realloc(pending, npending + n + 1);
+            if (pending == NULL) { die("out of memory in sampling"); }
+            memcpy(pending + npending, bytes ? bytes : (const unsigned char *)"", n);
+            npending += n;
+            size_t whole = utf8_whole_prefix(pending, npending);
+            fwrite(pending, 1, whole, stdout);
+            memmove(pending, pending + whole, npending - whole);
+            npending -= whole;
         } else {
             printf("%d ", next);
         }
         fflush(stdout);
     }
+    if (npending > 0) { fwrite(pending, 1, npending, stdout); }   // an unfinished character at the end
     printf("\n--------------\n");
+    free(pending);
     free(seq);
     free(logits);
+}
+
+// The output directory -o: remove the temporary files that an interrupted save
+// left (ckpt_*.bin.tmp, never a finished checkpoint), saying so in one line,
+// and refuse to start a fresh run where a run already is (its log.txt or a
+// checkpoint) unless -overwrite 1, which removes that run's log and checkpoints.
+// With -resume the run goes on in place and its log is appended to.
+static void out_dir_prepare(const TrainArgs *a) {
+    const char *dir = a->out_dir;
+    mkdir_p(dir);
+    DIR *d = opendir(dir);
+    if (d == NULL) { die("cannot read directory %s (-o): %s", dir, strerror(errno)); }
+    int stale = 0, ckpts = 0, has_log = 0;
+    char path[4096];
+    for (struct dirent *e = readdir(d); e != NULL; e = readdir(d)) {
+        const char *n = e->d_name;
+        size_t len = strlen(n);
+        int is_ckpt_name = strncmp(n, "ckpt_", 5) == 0;
+        if (is_ckpt_name && len > 8 && strcmp(n + len - 8, ".bin.tmp") == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, n);
+            if (remove(path) != 0) { die("cannot remove the stale %s: %s", path, strerror(errno)); }
+            stale++;
+        } else if (is_ckpt_name && len > 4 && strcmp(n + len - 4, ".bin") == 0) {
+            ckpts++;
+        } else if (strcmp(n, "log.txt") == 0) {
+            has_log = 1;
+        }
+    }
+    closedir(d);
+    if (stale > 0) {
+        printf("removed %d stale temporary file%s (ckpt_*.bin.tmp) from %s, left by an interrupted save\n",
+               stale, stale == 1 ? "" : "s", dir);
+    }
+    if (a->resume[0] != '\0' || (!has_log && ckpts == 0)) { return; }
+    if (!a->overwrite) {
+        die("-o %s already holds a run (%s%d checkpoint%s); continue it with -resume %s/ckpt_STEP.bin, replace it "
+            "with -overwrite 1, or choose another -o", dir, has_log ? "log.txt, " : "", ckpts, ckpts == 1 ? "" : "s",
+            dir);
+    }
+    d = opendir(dir);
+    if (d == NULL) { die("cannot read directory %s (-o): %s", dir, strerror(errno)); }
+    for (struct dirent *e = readdir(d); e != NULL; e = readdir(d)) {
+        const char *n = e->d_name;
+        size_t len = strlen(n);
+        if (strncmp(n, "ckpt_", 5) == 0 && len > 4 && strcmp(n + len - 4, ".bin") == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, n);
+            if (remove(path) != 0) { die("cannot remove %s (-overwrite): %s", path, strerror(errno)); }
+        }
+    }
+    closedir(d);
+    printf("-overwrite: replacing the run in %s (removed its log.txt and %d checkpoints)\n", dir, ckpts);
 }
 
 // main of both trainers: parse flags, build or resume, train with gradient
@@ -90,7 +172,7 @@ static int train_main(int argc, char **argv) {
     Config *cfg = &args.cfg;
     int B = args.B, T = cfg->T;
     int accum = (int)(args.total_batch / ((long)B * T));
-#ifndef MODEL_DELTA
+#ifndef TRAINER_HAS_DELTA
     if (cfg->mode == RES_DELTA) {
         die("-r delta: this trainer has no delta mode yet; train delta models with the CPU trainer train_mhar");
     }
@@ -98,9 +180,14 @@ static int train_main(int argc, char **argv) {
     char desc[256];
     device_init(desc, sizeof(desc));
 
+#ifndef TRAINER_HAS_HC
+    if (cfg->mode == RES_HC) {
+        die("-r hc: this trainer has no hyper-connections mode; train hc models with train_mhar (the CPU trainer)");
+    }
+#endif
     Model model;
     model_build(&model, cfg, args.seed, args.init_std);
-#ifdef MODEL_DELTA
+#ifdef TRAINER_HAS_DELTA
     model.lr_new = args.lr_new;
 #endif
     CkptInfo state;
@@ -126,6 +213,10 @@ static int train_main(int argc, char **argv) {
         if (state.content != CKPT_TRAIN) {
             die("%s holds no optimizer state (content %d); resume needs a training checkpoint", args.resume, state.content);
         }
+        if (state.step >= args.steps) {
+            die("%s is at step %d, and -n %d leaves no step to train; give -n above %d", args.resume, state.step,
+                args.steps, state.step);
+        }
         printf("resumed from %s at step %d\n", args.resume, state.step);
     }
     config_print(cfg, stdout);
@@ -144,12 +235,18 @@ static int train_main(int argc, char **argv) {
     int eot = cfg->V > 50256 ? 50256 : 0;   // GPT-2's end-of-text, when no tokenizer says otherwise
     if (have_tok) {
         tokenizer_init(&tokenizer, args.tokenizer);
+        if (tokenizer_eot(&tokenizer) >= (uint32_t)cfg->V) {
+            die("-tok %s: its end-of-text id %u is outside this model's vocabulary V=%d; give the tokenizer the shards "
+                "were made with, and -V its vocabulary size (%u)", args.tokenizer, tokenizer_eot(&tokenizer), cfg->V,
+                tokenizer_vocab_size(&tokenizer));
+        }
         eot = (int)tokenizer_eot(&tokenizer);
     }
-    if (args.out_dir[0] != '\0') { mkdir_p(args.out_dir); }
+    if (args.out_dir[0] != '\0') { out_dir_prepare(&args); }
     Logger logger;
     logger_init(&logger, args.out_dir, args.resume[0] != '\0');
 
+    char last_ckpt[4096] = "";   // the newest checkpoint this run saved, for the divergence message
     for (int step = state.step; step < args.steps; step++) {
         int last = step == args.steps - 1;
         double t0 = wall_ms();
@@ -164,6 +261,13 @@ static int train_main(int argc, char **argv) {
         }
         loss /= accum;
         double norm = grad_norm(&model);
+        if (!isfinite(loss) || !isfinite(norm)) {   // stop before the update: the weights stay finite
+            die("step %d: the %s is %g (loss %g, gradient norm %g); stopping before the update. %s%s. Lower -lr, or "
+                "check the data and the checkpoint", step + 1, !isfinite(loss) ? "loss" : "gradient norm",
+                !isfinite(loss) ? loss : norm, loss, norm,
+                last_ckpt[0] ? "The newest checkpoint of this run is " : "This run saved no checkpoint",
+                last_ckpt);
+        }
         float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
         float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
         adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
@@ -179,9 +283,7 @@ static int train_main(int argc, char **argv) {
             printf("step %5d | val loss %.6f\n", step + 1, vl);
             logger_val(&logger, step + 1, vl);
         }
-        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
-            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &state.rng);
-        }
+        // the checkpoint first: a failure in anything optional after it (sampling) cannot lose it
         if (args.out_dir[0] != '\0' && ((args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0) || last)) {
             char path[4096];
             snprintf(path, sizeof(path), "%s/ckpt_%06d.bin", args.out_dir, step + 1);
@@ -191,6 +293,13 @@ static int train_main(int argc, char **argv) {
             info.rng = state.rng; info.elem = 4;
             model_save(&model, path, info);
             printf("saved %s\n", path);
+            snprintf(last_ckpt, sizeof(last_ckpt), "%s", path);
+        }
+        if (args.sample_every > 0 && ((step + 1) % args.sample_every == 0 || last)) {
+            // each sample's draws come from the run's sampling state and the step alone, so a resumed
+            // run (which saved that state before sampling) draws the same samples as an unbroken one
+            uint64_t rng = state.rng ^ ((uint64_t)(step + 1) * 0x9E3779B97F4A7C15ull);
+            model_sample(&model, have_tok ? &tokenizer : NULL, eot, args.sample_len, &rng);
         }
     }
     device_finish(desc, sizeof(desc));   // before freeing, so it sees the memory in use

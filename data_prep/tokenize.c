@@ -391,8 +391,36 @@ static void on_signal(int sig) {
     raise(sig);
 }
 
+// removes NAME.tmp.PID files in dir whose process is gone (a run killed with
+// SIGKILL, which no handler sees), saying so in one line
+static void remove_stale_temporaries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int n = 0;
+    char path[4096 + 256 + 2];   // dir, '/', a name of at most 255 bytes
+    for (struct dirent *e = readdir(d); e; e = readdir(d)) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t) continue;
+        char *end;
+        long pid = strtol(t + 5, &end, 10);
+        if (*end != '\0' || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;   // that run is still going (or may be)
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0) n++;
+    }
+    closedir(d);
+    if (n) printf("removed %d stale temporary file%s (*.tmp.PID) from %s, left by a killed run\n", n, n == 1 ? "" : "s", dir);
+}
+
 // opens a temporary file that becomes final_path on commit_outputs()
 static FILE *open_output(const char *final_path) {
+    if (g_n_outputs == 0) {   // the first output: clear what a killed run left in this directory
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", final_path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0'; else snprintf(dir, sizeof dir, ".");
+        remove_stale_temporaries(dir);
+    }
     if (g_n_outputs == MAX_OUTPUTS) { fprintf(stderr, "error: more than %d output files; fix: raise --shard-tokens\n", MAX_OUTPUTS); exit(1); }
     size_t len = strlen(final_path) + 32;
     char *tmp = (char *)malloc(len);
@@ -419,7 +447,7 @@ static void write_or_die(FILE *f, const void *p, size_t n, const char *what) {
 
 // closes an output, checking for write errors
 static void close_or_die(FILE *f, const char *what) {
-    if (fflush(f) != 0 || ferror(f) || fclose(f) != 0) {
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0 || fclose(f) != 0) {   // on the disk before the rename
         fprintf(stderr, "error: writing %s failed: %s; fix: free disk space or choose another output directory\n", what, strerror(errno));
         exit(1);
     }

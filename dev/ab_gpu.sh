@@ -2,17 +2,19 @@
 # A/B of two versions of train_mhar.cu on one GPU, side by side in one run: builds both
 # (bf16), then alternates A and B runs (ROUNDS rounds per mode) on the 100M model, B=16,
 # T=2048, random tokens, and prints the mean tokens/s of each and B/A per mode; with
-# PROFILE=1 also the routing lines of one MHAR_PROFILE=4 step of each. Alternating
+# PROFILE=1 also the routing lines of each one's per-op profile (NVTX ranges under nsys,
+# when nsys is found: dev/nsys_ops.sh; a binary without NVTX ranges shows none). Alternating
 # rounds spread clock and thermal drift over both sides.
 #   usage: bash dev/ab_gpu.sh A B ["mode flags" ...]
 #          A, B: a version of train_mhar.cu (built here, bf16), or a built train_mhar_cu binary;
 #          the same file twice is built once (then A_ENV / B_ENV make the difference)
 #          (default modes: "-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
-#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a PROFILE_GREP='route|recompute|residual|total'
+#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a PROFILE_GREP='route|residual|Range'
 #        (the profile lines shown); A_ENV, B_ENV: variables for the A or B runs
-#        only, as "NAME=value ..." (a switch of the trainer, for an A/B in one binary)
-# Examples: git show main:train_mhar.cu > /tmp/a.cu && bash dev/ab_gpu.sh /tmp/a.cu train_mhar.cu
-#           A_ENV=MHAR_GATHER=lean bash dev/ab_gpu.sh train_mhar.cu train_mhar.cu "-r mhar -H 8"
+#        only, as "NAME=value ..."
+# Example (a version whose headers differ: extract it with them, its own includes come first):
+#   mkdir -p /tmp/a && git archive main train_mhar.cu common kernels | tar -x -C /tmp/a
+#   bash dev/ab_gpu.sh /tmp/a/train_mhar.cu train_mhar.cu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: bash dev/ab_gpu.sh A B [\"mode flags\" ...]  (A, B: train_mhar.cu versions or binaries)" >&2; exit 2; }
@@ -22,7 +24,7 @@ for f in "$A" "$B"; do
 done
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
 ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-12} GPU_ARCH=${GPU_ARCH:-sm_90a}
-PROFILE_GREP=${PROFILE_GREP:-route|recompute|residual|total}
+PROFILE_GREP=${PROFILE_GREP:-route|residual|Range}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublas -lcudart"   # -I.: common/
 t0=$(date +%s)
@@ -59,8 +61,10 @@ done
 if [ "${PROFILE:-1}" = 1 ]; then
     for m in "${modes[@]}"; do
         for s in a b; do
-            echo; echo "profile $s, $m:"
-            MHAR_PROFILE=4 train "$tmp/$s" 4 $m 2>&1 | sed -n '/^profile/,/^  total/p' | grep -E "$PROFILE_GREP"
+            echo; echo "profile $s, $m (GPU time per NVTX range over 4 steps):"
+            if [ "$s" = a ]; then envs=${A_ENV:-}; else envs=${B_ENV:-}; fi
+            env $envs bash dev/nsys_ops.sh "$tmp/prof_$s" "$tmp/$s" -preset 100m -T 2048 -b 16 -warmup 1 \
+                -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n 4 $m | grep -E "$PROFILE_GREP" || true
         done
     done
 fi

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # GPU benchmark of issue 5: our CUDA trainer (std, mhar H=8, block S=4 and S=8) and the PyTorch
-# model (dev/torch_ref, torch.compile + bf16 autocast + SDPA + fused AdamW), side by side in one
-# run. The 100M model, B=16, T=2048, random tokens, GPT-2's vocabulary (Vp 50304).
+# baseline (dev/torch_ref/bench_torch.py: fast_model.py, torch.compile + bf16 autocast + SDPA +
+# fused AdamW), side by side in one run. The 100M model, B=16, T=2048, random tokens, GPT-2's
+# vocabulary (Vp 50304). PyTorch runs in the configuration TORCH_ARGS names (default: the one
+# expected to be fastest; `bench_torch.py --sweep` measures them all and prints the best flags).
 # Prints tokens/s, MFU, peak GPU memory of each, and the ratios the issue targets:
 #   std >= 1.10x PyTorch std;  mhar H=8 >= 0.93x our std;  block >= 0.97x our std;
 #   memory of mhar <= 1.10x our std.
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
-# Then a per-op breakdown of one training step of our std and mhar H=8 (MHAR_PROFILE, train_mhar.cu).
+# Then a per-op breakdown of our std and mhar H=8 (the trainer's NVTX ranges under nsys, when
+# nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
-#                                   TORCH=1 (0: skip PyTorch)  PROFILE=1 (0: skip the breakdown))
+#                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
+#                                   PROFILE=1 (0: skip the breakdown))
 # Dry run without a GPU: TRAINER=./train_mhar PRESET=test T=16 B=4 TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,9 +46,24 @@ case $PRESET in
     test) SHAPE="--L 2 --C 32 --NH 4 --NKV 2 --F 48" ;;
     *) echo "error: PRESET=$PRESET: use 100m (or test for a dry run)" >&2; exit 1 ;;
 esac
+# PyTorch's configuration (on a CPU dry run: no torch.compile, which torch 1.13 lacks)
+if [ "$TORCH_DEVICE" = cpu ]; then
+    TORCH_ARGS=${TORCH_ARGS:-"--impl fast --compile-mode none"}
+else
+    TORCH_ARGS=${TORCH_ARGS:-"--impl fast --compile-mode max-autotune-no-cudagraphs --sdpa cudnn"}
+fi
+# prints bench_torch.py's line (the whole configuration) on stderr, "tok_s peak_mib" on stdout
 theirs() {
-    "$PYTHON" dev/torch_ref/bench_torch.py --device "$TORCH_DEVICE" $SHAPE --T "$T" --B "$B" \
-        --steps "$STEPS" --warmup 5 "$@" | awk '/^torch/ {print $4, $6}'
+    local line
+    line=$("$PYTHON" dev/torch_ref/bench_torch.py --device "$TORCH_DEVICE" $SHAPE --T "$T" --B "$B" \
+        --steps "$STEPS" --warmup 5 $TORCH_ARGS "$@" | grep '^torch ' | tail -1) || true
+    if [ -z "$line" ]; then
+        echo "error: bench_torch.py $TORCH_ARGS $* printed no result line (see its error above); fix TORCH_ARGS" >&2
+        return 1
+    fi
+    echo "$line" >&2
+    echo "$line" | awk '{for (i = 1; i < NF; i++) {if ($i == "tok_s") t = $(i + 1); if ($i == "peak_mib") m = $(i + 1)}
+                         print t, m}'
 }
 
 declare -A TPS MEM
@@ -80,11 +99,14 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 
-# per-op breakdown of the 4th step (the first ones warm up cuBLAS and the allocator)
+# per-op breakdown of 4 steps (GPU time of each NVTX range: kernels/common.cuh's op_range)
 if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
+    prof=$(mktemp -d)
     for mode in "std" "mhar -H 8"; do
         echo
-        echo "per-op breakdown, our $mode:"
-        MHAR_PROFILE=4 train -n 4 -r $mode 2>&1 | sed -n '/^profile/,/^  total/p'
+        echo "per-op breakdown, our $mode (4 steps):"
+        bash dev/nsys_ops.sh "$prof/ops" "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 \
+            -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n 4 -r $mode
     done
+    rm -rf "$prof"
 fi

@@ -7,7 +7,8 @@
 // losses, the statistic test_mhar bounds with its bf16 tol_train, for four
 // perturbation seeds. The bf16 trainer rounds far more than the parameters
 // once, so its distance from the float64 run is of this order, or larger.
-//   make dev/loss_sensitivity && ./dev/loss_sensitivity      (CPU, ~15 s)
+// Then the same perturbation in the forward/backward check of the GPU layout configs.
+//   make dev/loss_sensitivity && ./dev/loss_sensitivity      (CPU, ~2 min on 2 cores)
 #define TEST_MHAR_NO_MAIN
 #include "test_mhar.c"
 
@@ -37,6 +38,49 @@ static double train_steps(Config cfg, int steps, double d, uint64_t pseed, doubl
     return worst;
 }
 
+// The forward/backward comparison of test_mhar's GPU layout configs (check_gpu_model's first
+// check: gpu_test_params' moderate random parameters, one batch): how far its three statistics
+// (loss rel, logits max-rel, worst gradient max-rel) move when every parameter is multiplied by
+// (1 + d r) as above. Deep configs amplify a perturbation through depth.
+static void fb_sensitivity(const char *name, Config cfg) {
+    const int B = 2, T = cfg.T;
+    const size_t N = (size_t)B * T;
+    uint64_t rng = 2024;
+    int *in, *tg;
+    float *pf;
+    Model m;
+    gpu_test_inputs(&cfg, &rng, &in, &tg, &m, &pf);
+    size_t nl = N * cfg.V, np = m.nparams;
+    real *logits0 = (real *)malloc_check(nl * sizeof(real)), *grads0 = (real *)malloc_check(np * sizeof(real));
+    model_zero_grad(&m);
+    model_forward(&m, in, tg, B, T, 0);
+    double loss0 = m.loss;
+    memcpy(logits0, m.acts.logits, nl * sizeof(real));
+    model_backward(&m, (real)(1.0 / N));
+    memcpy(grads0, m.grads_mem, np * sizeof(real));
+    printf("%-13s fwd/bwd (loss, logits, worst gradient):", name);
+    for (uint64_t s = 0; s < 4; s++) {
+        uint64_t pseed = 1000 + s;
+        for (size_t i = 0; i < np; i++) { m.params_mem[i] = (float)(pf[i] * (1.0 + (rng_f32(&pseed) * 2.0 - 1.0) / 256)); }
+        model_zero_grad(&m);
+        model_forward(&m, in, tg, B, T, 0);
+        double lrel = fabs(m.loss - loss0) / fabs(loss0), num = 0, den = 0, gw = 0;
+        for (size_t i = 0; i < nl; i++) { num = fmax(num, fabs(m.acts.logits[i] - logits0[i])); den = fmax(den, fabs(logits0[i])); }
+        model_backward(&m, (real)(1.0 / N));
+        size_t off = 0;
+        for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
+            double gn = 0, gd = 0;
+            for (size_t i = off; i < off + m.sizes[ti]; i++) { gn = fmax(gn, fabs(m.grads_mem[i] - grads0[i])); gd = fmax(gd, fabs(grads0[i])); }
+            if (m.sizes[ti] > 0) { gw = fmax(gw, gn / fmax(gd, 1e-30)); }
+            off += m.sizes[ti];
+        }
+        printf("  %.1e %.1e %.1e", lrel, num / fmax(den, 1e-30), gw);
+    }
+    printf("\n");
+    model_free(&m);
+    free(logits0); free(grads0); free(pf); free(in); free(tg);
+}
+
 int main(void) {
     struct { const char *name; Config cfg; int steps; } runs[] = {
         {"std", gpu_test_config(RES_STD, 1, 1), 10},
@@ -61,5 +105,10 @@ int main(void) {
         printf("\n");
     }
     printf("worst: %.1e\n", overall);
+    printf("\nthe same perturbation in test_mhar's forward/backward check of the GPU layout configs (4 seeds):\n");
+    fb_sensitivity("C=512 H=8", gpu_layout_config(512, 8));
+    fb_sensitivity("C=1024 H=1", gpu_layout_config(1024, 1));
+    fb_sensitivity("C=2048 H=8", gpu_layout_config(2048, 8));
+    fb_sensitivity("C=256 L=17", gpu_layout_config_L(256, 1, 17));
     return 0;
 }

@@ -14,6 +14,7 @@ PyTorch autograd.
   make dev/mhar_grads
   ./dev/mhar_grads -r mhar -H 4 -S 2 -L 2 -C 32 -NH 4 -NKV 2 -F 48 -V 97 -T 8 -B 2 -seed 7 \
                    -i SHARD.bin -o CKPT.bin -g GRADS.bin
+  ./dev/mhar_grads -r hc -hc_n 4 ...   (hc: the header records n at int [29])
 */
 #define TESTING
 #include "train_mhar.c"

@@ -30,6 +30,26 @@ there are no head pairs and both columns are nan.
   ./dev/route_probe -c runs/x/ckpt_000300.bin -j data/tiny/data_val_000000.bin -b 8 -n 4 -o runs/x/route.csv
   python3 dev/plot_routing.py runs/x/route.csv --out runs/x/route.png
 
+Width disagreement (SPEC section 10, with -k KL.csv): the paper's probe of why
+splitting the query helps. Each site's query q_j is cut into -slices contiguous
+slices of C/slices channels; a_s = softmax_i(q_j[s] . k_i[s]) is the depth
+distribution slice s alone would choose (keys k_i = gamma_j * r_i * v_i, SPEC
+section 4, restricted to the slice), alpha = softmax_i(q_j . k_i) the full-width
+one. The measure is KL(a_s || alpha) in nats, averaged over slices and positions,
+per site; the summary averages it over the sites with two or more sources (a
+one-source site has KL 0 by construction). The null is the same measure with a
+random query of the same norm as q_j (the mean of -null draws, seeded by -seed),
+with the trained gamma and the same keys. alpha is AttnRes's own distribution
+(H = 1) and the probe checks that it equals the model's routing weights; on an
+mhar checkpoint it is the hypothetical full-width read (with H = slices the a_s
+are the model's heads, also checked). One CSV row per site:
+
+  site,site_feeds,n_sources,q_norm,kl_nats,kl_null_nats
+
+  ./dev/route_probe -c runs/x/ckpt_000300.bin -j data/tiny/data_val_000000.bin -k runs/x/width.csv
+  python3 dev/plot_width.py runs/x/width.csv --out runs/x/width.png
+  ./dev/route_probe --self-test       hand-computed cases of the KL measure
+
 See dev/PROBE.md for how to read the output.
 */
 #define TESTING
@@ -62,15 +82,112 @@ static double js_bits(const double *p, const double *q, int n) {
     return js > 0 ? js : 0;   // rounding can leave a tiny negative
 }
 
+// Slice scores of one source at one position: ss[s] = r * sum_{c in slice s} qg[c] v[c]
+// for the nslice contiguous slices of C channels (qg = q * gamma); their sum is the
+// full-width score q . k. ss is strided by n (the sources), so ss[s * n] is slice s.
+static void slice_scores(double *ss, int n, const double *qg, const real *v, double r, int C, int nslice) {
+    int w = C / nslice;
+    for (int s = 0; s < nslice; s++) {
+        double e = 0;
+        for (int c = s * w; c < (s + 1) * w; c++) { e += qg[c] * v[c]; }
+        ss[(size_t)s * n] = r * e;
+    }
+}
+
+// log-softmax of x (n) into out (n)
+static void log_softmax(double *out, const double *x, int n) {
+    double maxv = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) { if (x[i] > maxv) { maxv = x[i]; } }
+    for (int i = 0; i < n; i++) { sum += exp(x[i] - maxv); }
+    double lse = maxv + log(sum);
+    for (int i = 0; i < n; i++) { out[i] = x[i] - lse; }
+}
+
+// Width disagreement at one position of one site: ss (nslice, n) are the slice scores
+// q[s] . k_i[s]; alpha = softmax_i of their sum over s (q . k_i), a_s = softmax_i ss[s].
+// Returns the mean over slices of KL(a_s || alpha) = sum_i a_s[i] (log a_s[i] - log alpha[i]),
+// in nats. When la is not NULL it receives log alpha (n) and las log a_s (nslice, n).
+// n <= 1024 (a site's sources).
+static double width_kl(const double *ss, int n, int nslice, double *la, double *las) {
+    double full[1024], lalpha[1024], ls[1024], kl = 0;
+    for (int i = 0; i < n; i++) {
+        full[i] = 0;
+        for (int s = 0; s < nslice; s++) { full[i] += ss[(size_t)s * n + i]; }
+    }
+    log_softmax(lalpha, full, n);
+    for (int s = 0; s < nslice; s++) {
+        log_softmax(ls, ss + (size_t)s * n, n);
+        double k = 0;
+        for (int i = 0; i < n; i++) { k += exp(ls[i]) * (ls[i] - lalpha[i]); }
+        kl += k > 0 ? k : 0;   // KL >= 0; rounding can leave a tiny negative
+        if (las != NULL) { memcpy(las + (size_t)s * n, ls, n * sizeof(double)); }
+    }
+    if (la != NULL) { memcpy(la, lalpha, n * sizeof(double)); }
+    return kl / nslice;
+}
+
+// --self-test: hand-computed cases of width_kl and slice_scores. Prints one line per
+// check and "N passed, N failed"; returns the number failed.
+static int width_self_test(void) {
+    int pass = 0, fail = 0;
+#define CHECK(name, cond) do { if (cond) { pass++; printf("PASS %s\n", name); } \
+                               else { fail++; printf("FAIL %s\n", name); } } while (0)
+    // 1. zero query: every a_s and alpha uniform, KL 0
+    double z[4 * 3] = {0};
+    CHECK("zero query: KL 0 (4 slices, 3 sources)", width_kl(z, 3, 4, NULL, NULL) == 0);
+    // 2. 4 slices, 2 sources; only slice 0 scores source 1, at ln 3: alpha = (1/4, 3/4) = a_0;
+    //    slices 1..3 are uniform, KL((1/2, 1/2) || (1/4, 3/4)) = ln(4/3) / 2 each:
+    //    mean over slices 3/8 ln(4/3) = 0.107881...
+    double a[4 * 2] = {0, log(3.0), 0, 0, 0, 0, 0, 0};
+    double want = 0.375 * log(4.0 / 3.0), got = width_kl(a, 2, 4, NULL, NULL);
+    printf("     hand case: KL %.12f, want 3/8 ln(4/3) = %.12f\n", got, want);
+    CHECK("one slice carries the score: KL = 3/8 ln(4/3)", fabs(got - want) < 1e-12);
+    // 3. the 2-site toy: that site and a zero-query site average to 3/16 ln(4/3)
+    double toy = 0.5 * (width_kl(a, 2, 4, NULL, NULL) + width_kl(z, 2, 4, NULL, NULL));
+    CHECK("2-site toy (that site + a zero-query site): mean 3/16 ln(4/3)", fabs(toy - 0.1875 * log(4.0 / 3.0)) < 1e-12);
+    // 4. slices that agree exactly in score (each q[s] . k_i[s] = (q . k_i) / 4) still disagree:
+    //    a_s = softmax(x / 4) is flatter than alpha = softmax(x). x = (0, ln 16): alpha = (1/17, 16/17),
+    //    a_s = (1/3, 2/3): KL = 1/3 ln(17/3) + 2/3 ln(17/24)
+    double x4[4 * 2];
+    for (int s = 0; s < 4; s++) { x4[s * 2] = 0; x4[s * 2 + 1] = log(16.0) / 4; }
+    want = log(17.0 / 3.0) / 3 + 2 * log(17.0 / 24.0) / 3;
+    CHECK("equal slice scores: KL(softmax(x/4) || softmax(x)) by hand", fabs(width_kl(x4, 2, 4, NULL, NULL) - want) < 1e-12);
+    // 5. one slice: a_0 = alpha, KL 0 whatever the scores
+    double one[3] = {0.3, -2.0, 5.0};
+    CHECK("one slice: KL 0", fabs(width_kl(one, 3, 1, NULL, NULL)) < 1e-15);
+    // 6. slice_scores: C = 8, 4 slices of 2 channels, q * gamma = 1..8, v = 1, r = 0.5
+    double qg[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ss[4 * 3];
+    real v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    slice_scores(ss + 1, 3, qg, v, 0.5, 8, 4);   // source 1 of 3
+    CHECK("slice_scores: r * sums over slices of 2 channels = 1.5 3.5 5.5 7.5",
+          ss[1] == 1.5 && ss[4] == 3.5 && ss[7] == 5.5 && ss[10] == 7.5);
+    // 7. KL is not symmetric: the measure is KL(a_s || alpha), not KL(alpha || a_s)
+    double las[2 * 4], la[2];
+    width_kl(a, 2, 4, la, las);
+    double rev = 0;
+    for (int s = 0; s < 4; s++) { for (int i = 0; i < 2; i++) { rev += exp(la[i]) * (la[i] - las[s * 2 + i]); } }
+    CHECK("direction: KL(a_s || alpha) = 0.1079, not KL(alpha || a_s) = 0.0981",
+          fabs(rev / 4 - 0.75 * (0.25 * log(0.5) + 0.75 * log(1.5))) < 1e-12 &&
+          fabs(rev / 4 - 0.375 * log(4.0 / 3.0)) > 1e-3);
+#undef CHECK
+    printf("%d passed, %d failed\n", pass, fail);
+    return fail;
+}
+
 static void usage(const char *prog) {
     fprintf(stderr,
-        "usage: %s -c CKPT -j VAL_GLOB [-b B] [-n batches] [-t T] [-o OUT.csv]\n"
+        "usage: %s -c CKPT -j VAL_GLOB [-b B] [-n batches] [-t T] [-o OUT.csv] [-k KL.csv]\n"
         "  -c CKPT      an mhar or attnres checkpoint written by train_mhar\n"
         "  -j GLOB      val token shards; the first n batches are read (default data/tiny/*_val_*.bin)\n"
         "  -b B         sequences per batch (default 4)\n"
         "  -n N         batches (default 4)\n"
         "  -t T         sequence length (or -T), at most the checkpoint's T (default: the checkpoint's T)\n"
-        "  -o OUT.csv   write the mean routing weights and per-site JS here (default: summary only)\n",
+        "  -o OUT.csv   write the mean routing weights and per-site JS here (default: summary only)\n"
+        "  -k KL.csv    write the width disagreement per site here (SPEC section 10; default: summary only)\n"
+        "  -slices N    query slices of the width disagreement, must divide C (default 4)\n"
+        "  -null N      random queries averaged for its null (default 4)\n"
+        "  -seed N      seed of the null's random queries (default 1)\n"
+        "  --self-test  check the KL measure on hand-computed cases and exit\n",
         prog);
 }
 
@@ -85,10 +202,11 @@ static int int_flag(const char *flag, const char *v) {
 }
 
 int main(int argc, char **argv) {
-    const char *ckpt = NULL, *val_glob = "data/tiny/*_val_*.bin", *out = NULL;
-    int B = 4, nbatches = 4, T = 0;
+    const char *ckpt = NULL, *val_glob = "data/tiny/*_val_*.bin", *out = NULL, *kl_out = NULL;
+    int B = 4, nbatches = 4, T = 0, nslice = 4, ndraws = 4, seed = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) { usage(argv[0]); return 0; }
+        if (strcmp(argv[i], "--self-test") == 0) { return width_self_test() == 0 ? 0 : 1; }
         if (i + 1 >= argc) { die("flag %s has no value; run %s --help", argv[i], argv[0]); }
         const char *f = argv[i], *v = argv[++i];
         if (strcmp(f, "-c") == 0) { ckpt = v; }
@@ -97,6 +215,10 @@ int main(int argc, char **argv) {
         else if (strcmp(f, "-b") == 0) { B = int_flag("-b", v); }
         else if (strcmp(f, "-n") == 0) { nbatches = int_flag("-n", v); }
         else if (strcmp(f, "-t") == 0 || strcmp(f, "-T") == 0) { T = int_flag("-t", v); }   // -T: the dataloader's errors say -T
+        else if (strcmp(f, "-k") == 0) { kl_out = v; }
+        else if (strcmp(f, "-slices") == 0) { nslice = int_flag("-slices", v); }
+        else if (strcmp(f, "-null") == 0) { ndraws = int_flag("-null", v); }
+        else if (strcmp(f, "-seed") == 0) { seed = int_flag("-seed", v); }
         else { die("unknown flag %s; run %s --help", f, argv[0]); }
     }
     if (ckpt == NULL) { usage(argv[0]); die("no checkpoint: give -c CKPT (a file written by train_mhar -o DIR)"); }
@@ -116,6 +238,7 @@ int main(int argc, char **argv) {
     if (info.content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint; pass a ckpt_STEP.bin", ckpt); }
     if (T == 0) { T = cfg.T; }
     if (T > cfg.T) { die("-t %d is longer than the checkpoint's T=%d (RoPE tables); use -t %d or less", T, cfg.T, cfg.T); }
+    if (cfg.C % nslice != 0) { die("-slices %d does not divide the checkpoint's C=%d; use a divisor such as 4", nslice, cfg.C); }
 
     // Build the model and read only the parameters (not the AdamW state that
     // follows them in a training checkpoint: the probe has no use for it).
@@ -144,6 +267,29 @@ int main(int argc, char **argv) {
     size_t N = (size_t)B * T, npairs = m.pair_off[J];
     double *wsum = (double *)calloc_check(npairs * H, sizeof(double));
     double *jsum = (double *)calloc_check(J, sizeof(double));
+    // Width disagreement (SPEC section 10): per site, q*gamma of the trained query and of
+    // ndraws random queries of the same norm (drawn once per site, seeded), and the sums
+    // over positions of the KL. alpha_err: the largest gap between the probe's alpha (H = 1)
+    // or a_s (H = nslice) and the model's own routing weights, a check of the keys.
+    const int C = cfg.C, R = 1 + ndraws;   // query 0 is the trained one
+    double *qgs = (double *)calloc_check((size_t)J * R * C, sizeof(double));
+    double *klsum = (double *)calloc_check((size_t)J * R, sizeof(double));
+    double *qnorm = (double *)calloc_check(J, sizeof(double));
+    uint64_t rng = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 11;
+    for (int j = 0; j < J; j++) {
+        const real *q = m.params.rq + (size_t)j * C, *g = m.params.rg + (size_t)j * C;
+        double nq = 0;
+        for (int c = 0; c < C; c++) { nq += (double)q[c] * q[c]; }
+        qnorm[j] = sqrt(nq);
+        for (int c = 0; c < C; c++) { qgs[(size_t)j * R * C + c] = (double)q[c] * g[c]; }
+        for (int d = 1; d < R; d++) {
+            double *qd = qgs + ((size_t)j * R + d) * C, nr = 0;
+            for (int c = 0; c < C; c++) { qd[c] = rng_normal(&rng); nr += qd[c] * qd[c]; }
+            for (int c = 0; c < C; c++) { qd[c] *= qnorm[j] / sqrt(nr) * g[c]; }   // |random| = |q_j|, then * gamma
+        }
+    }
+    const int check_heads = H == 1 || H == nslice;
+    double alpha_err = 0;
     double loss = 0;
     for (int b = 0; b < nbatches; b++) {
         dataloader_next(&dl);
@@ -153,6 +299,38 @@ int main(int argc, char **argv) {
             int n = (int)(m.pair_off[j + 1] - m.pair_off[j]);
             const real *a = m.acts.route_a + m.pair_off[j] * N * H;   // (N, H, n)
             double *w = wsum + m.pair_off[j] * H;                     // (H, n)
+            if (n >= 2) {
+                int src[1024];
+                site_sources(&cfg, j, src);
+                double err = 0;
+                for (int d = 0; d < R; d++) {
+                    const double *qg = qgs + ((size_t)j * R + d) * C;
+                    double kl = 0;
+                    #pragma omp parallel for reduction(+ : kl) reduction(max : err)
+                    for (size_t t = 0; t < N; t++) {
+                        double ss[1024 * 4], la[1024], las[1024 * 4];
+                        double *ssp = nslice * n <= 1024 * 4 ? ss : (double *)malloc_check((size_t)nslice * n * sizeof(double));
+                        double *lasp = nslice * n <= 1024 * 4 ? las : (double *)malloc_check((size_t)nslice * n * sizeof(double));
+                        for (int i = 0; i < n; i++) {
+                            slice_scores(ssp + i, n, qg, m.acts.slots + ((size_t)src[i] * N + t) * C,
+                                         m.acts.slot_r[(size_t)src[i] * N + t], C, nslice);
+                        }
+                        kl += width_kl(ssp, n, nslice, la, lasp);
+                        if (d == 0 && check_heads) {   // the model's weights a (N, H, n) against ours
+                            for (int h = 0; h < H; h++) {
+                                for (int i = 0; i < n; i++) {
+                                    double ours = exp(H == 1 ? la[i] : lasp[(size_t)h * n + i]);
+                                    double e = fabs(ours - a[t * H * n + (size_t)h * n + i]);
+                                    if (e > err) { err = e; }
+                                }
+                            }
+                        }
+                        if (ssp != ss) { free(ssp); free(lasp); }
+                    }
+                    klsum[(size_t)j * R + d] += kl;
+                }
+                if (err > alpha_err) { alpha_err = err; }
+            }
             // sum over positions, serial in t: the same bits for any thread count
             for (size_t t = 0; t < N; t++) {
                 for (int k = 0; k < H * n; k++) { w[k] += a[t * H * n + k]; }
@@ -240,6 +418,46 @@ int main(int argc, char **argv) {
                counted, mean_avg / counted, mean_pos / counted);
     }
     if (out != NULL) { printf("wrote %s\n", out); }
+
+    // Width disagreement per site and over the sites with two or more sources.
+    FILE *ko = NULL;
+    char ktmp[4096];
+    if (kl_out != NULL) {
+        snprintf(ktmp, sizeof(ktmp), "%s.tmp", kl_out);
+        ko = fopen_check(ktmp, "w");
+        fprintf(ko, "site,site_feeds,n_sources,q_norm,kl_nats,kl_null_nats\n");
+    }
+    double kl_all = 0, null_all = 0;
+    int nsites = 0;
+    printf("width disagreement (SPEC 10): KL(a_s || alpha) in nats, %d slices of %d channels; null: %d random queries of |q_j|\n",
+           nslice, C / nslice, ndraws);
+    printf("site  feeds   n   |q|     trained   null\n");
+    for (int j = 0; j < J; j++) {
+        int n = (int)(m.pair_off[j + 1] - m.pair_off[j]);
+        char feeds[32];
+        site_label(&cfg, j, feeds, sizeof(feeds));
+        double kl = klsum[(size_t)j * R] / positions, nl = 0;
+        for (int d = 1; d < R; d++) { nl += klsum[(size_t)j * R + d] / positions; }
+        nl /= ndraws;
+        printf("%4d  %-6s %2d %7.3f %9.4f %7.4f\n", j, feeds, n, qnorm[j], kl, nl);
+        if (ko != NULL) { fprintf(ko, "%d,%s,%d,%.9g,%.9g,%.9g\n", j, feeds, n, qnorm[j], kl, nl); }
+        if (n >= 2) { kl_all += kl; null_all += nl; nsites++; }
+    }
+    if (nsites > 0) {
+        printf("width disagreement, mean over the %d sites with more than one source: trained %.4f nats, "
+               "null %.4f, excess %.4f\n", nsites, kl_all / nsites, null_all / nsites, (kl_all - null_all) / nsites);
+    }
+    if (check_heads) {
+        printf("check: the probe's %s against the model's routing weights: max |difference| %.3g\n",
+               H == 1 ? "alpha" : "slice distributions a_s", alpha_err);
+    }
+    if (ko != NULL) {
+        if (fflush(ko) != 0 || ferror(ko)) { die("writing %s failed: %s (disk full?)", ktmp, strerror(errno)); }
+        fclose(ko);
+        if (rename(ktmp, kl_out) != 0) { die("cannot rename %s to %s: %s", ktmp, kl_out, strerror(errno)); }
+        printf("wrote %s\n", kl_out);
+    }
+    free(qgs); free(klsum); free(qnorm);
 
     free(wsum); free(jsum); free(js_avg); free(js_pos);
     dataloader_free(&dl);

@@ -7,6 +7,11 @@
 #      SPEC sections 4-5 (rows per site, weights summing to 1, uniform weights for zero
 #      queries, JS in [0, 1] and averaged <= per-position), draw it with plot_routing.py;
 #      a std checkpoint and a non-checkpoint give one-line errors and a non-zero exit.
+#   3. the width disagreement (route_probe -k, SPEC section 10): --self-test's hand-computed KLs,
+#      then trained attnres and mhar H=4 checkpoints (the probe's alpha and slices against the
+#      model's own weights), zero queries (KL 0), the seeded null, dev/plot_width.py.
+#   4. dev/plot_hc.py on a tiny hc checkpoint (SPEC section 8): a PNG and its summary line;
+#      an mhar checkpoint gives a one-line error.
 # Prints one PASS/FAIL line per check and "N passed, N failed"; exits 1 on any failure.
 #   bash dev/test_plots.sh        (needs ./train_mhar: make train_mhar)
 set -u
@@ -153,6 +158,59 @@ check "route_probe block mode S=2: site 3 reads emb b1 partial" \
 $PY dev/plot_routing.py "$W/b.csv" --out "$W/route_b.png" > /dev/null 2>&1
 check "plot_routing.py draws block mode" is_png "$W/route_b.png" 10000
 
+# 5) the width disagreement (SPEC section 10, route_probe -k): hand-computed cases, then checkpoints
+./dev/route_probe --self-test > "$W/self.out" 2>&1
+check "route_probe --self-test: the KL measure on hand-computed cases ($(tail -1 "$W/self.out"))" \
+    eval '[ $? -eq 0 ] && grep -q "^7 passed, 0 failed$" "$W/self.out"'
+train -r attnres -n 40 -lr 1e-2 -o "$W/a"
+./dev/route_probe -c "$W/a/ckpt_000040.bin" -j "$W/x.bin" -b 4 -n 2 -k "$W/a_w.csv" > "$W/a.out" 2>&1
+check "route_probe -k on an attnres checkpoint (exit 0)" [ $? -eq 0 ]
+# check_width CSV: 2L+1 = 5 sites, finite KL >= 0, a one-source site has KL 0 (trained and null)
+check_width() {
+    $PY - "$1" <<'EOF2'
+import csv, math, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+if [r["site"] for r in rows] != ["0", "1", "2", "3", "4"]:
+    sys.exit(f"sites {[r['site'] for r in rows]}, want 0..4")
+for r in rows:
+    kl, nl = float(r["kl_nats"]), float(r["kl_null_nats"])
+    if not (math.isfinite(kl) and math.isfinite(nl) and kl >= 0 and nl >= 0):
+        sys.exit(f"site {r['site']}: KL {kl}, null {nl}: want finite and >= 0")
+    if int(r["n_sources"]) == 1 and (kl != 0 or nl != 0):
+        sys.exit(f"site {r['site']} has one source but KL {kl}, null {nl}")
+EOF2
+}
+check "route_probe -k CSV: one row per site, KL finite and >= 0, 0 at the one-source site" check_width "$W/a_w.csv"
+check "route_probe -k: the trained attnres queries disagree across width (some site KL > 1e-3)" \
+    awk -F, 'NR > 1 && $5 > 1e-3 {f = 1} END {exit !f}' "$W/a_w.csv"
+check "route_probe -k: its alpha equals the model's routing weights (H=1, max gap < 1e-5)" \
+    awk '/max \|difference\|/ {f = 1; if ($NF + 0 > 1e-5) exit 1} END {exit !f}' "$W/a.out"
+./dev/route_probe -c "$W/a/ckpt_000040.bin" -j "$W/x.bin" -b 4 -n 2 -k "$W/a_w2.csv" > /dev/null 2>&1
+./dev/route_probe -c "$W/a/ckpt_000040.bin" -j "$W/x.bin" -b 4 -n 2 -seed 2 -k "$W/a_w3.csv" > /dev/null 2>&1
+check "route_probe -k: the null is seeded (same -seed: same CSV; -seed 2: another null, same trained KL)" \
+    eval 'cmp -s "$W/a_w.csv" "$W/a_w2.csv" && ! cmp -s "$W/a_w.csv" "$W/a_w3.csv" &&
+          [ "$(cut -d, -f5 "$W/a_w.csv")" = "$(cut -d, -f5 "$W/a_w3.csv")" ]'
+# zero queries (the initialisation): every a_s and alpha uniform, and the null query has norm 0 too
+./dev/route_probe -c "$W/z/ckpt_000001.bin" -j "$W/x.bin" -b 2 -n 1 -k "$W/z_w.csv" > /dev/null 2>&1
+check "route_probe -k: zero queries give KL 0, trained and null, at every site" \
+    awk -F, 'NR > 1 {n++; if ($5 != 0 || $6 != 0) exit 1} END {exit n != 5}' "$W/z_w.csv"
+# mhar H=4 with 4 slices: the slice distributions are the model's own heads
+train -r mhar -H 4 -n 30 -lr 1e-2 -o "$W/m4"
+./dev/route_probe -c "$W/m4/ckpt_000030.bin" -j "$W/x.bin" -b 4 -n 2 -k "$W/m4_w.csv" > "$W/m4.out" 2>&1
+check "route_probe -k on mhar H=4: the 4 slices' a_s equal the model's heads (max gap < 1e-5)" \
+    eval 'check_width "$W/m4_w.csv" && grep -q "slice distributions a_s" "$W/m4.out" &&
+          awk "/max \\|difference\\|/ {f = 1; if (\$NF + 0 > 1e-5) exit 1} END {exit !f}" "$W/m4.out"'
+./dev/route_probe -c "$W/a/ckpt_000040.bin" -j "$W/x.bin" -slices 3 -k "$W/bad.csv" > /dev/null 2> "$W/err.txt"
+rc=$?
+check "route_probe -slices 3 (C=32): non-zero exit, one-line error, no CSV" \
+    eval '[ $rc -ne 0 ] && one_line_error "$W/err.txt" "-slices 3" && [ ! -e "$W/bad.csv" ]'
+$PY dev/plot_width.py "$W/a_w.csv" "$W/m4_w.csv" --labels attnres "mhar H=4" --out "$W/width.png" > /dev/null 2>&1
+check "plot_width.py draws two checkpoints: a PNG of > 10 KB" is_png "$W/width.png" 10000
+$PY dev/plot_width.py "$W/m.csv" --out "$W/w_bad.png" > /dev/null 2> "$W/err.txt"
+rc=$?
+check "plot_width.py on a route_probe -o CSV (not -k): exit 1, one-line error" \
+    eval '[ $rc -eq 1 ] && one_line_error "$W/err.txt" "$W/m.csv" && [ ! -e "$W/w_bad.png" ]'
+
 # 4) bad inputs: one-line errors, non-zero exit
 train -r std -n 1 -o "$W/s"
 ./dev/route_probe -c "$W/s/ckpt_000001.bin" -j "$W/x.bin" -o "$W/s.csv" > /dev/null 2> "$W/err.txt"
@@ -173,5 +231,21 @@ $PY dev/plot_routing.py "$W/std/log.txt" --out "$W/x.png" > /dev/null 2> "$W/err
 rc=$?
 check "plot_routing.py on a non-probe file: exit 1, one-line error" \
     eval '[ $rc -eq 1 ] && one_line_error "$W/err.txt" "$W/std/log.txt"'
+
+# ---------------------------------------------------------------- plot_hc.py (SPEC section 8)
+train -r hc -hc_n 4 -n 20 -lr 1e-2 -o "$W/hc"
+check "train_mhar -r hc -hc_n 4 saves a checkpoint" [ -f "$W/hc/ckpt_000020.bin" ]
+$PY dev/plot_hc.py "$W/hc/ckpt_000020.bin" --out "$W/hc.png" > "$W/hc.out" 2>&1
+check "plot_hc.py draws the hc checkpoint's w, A, beta as a PNG of > 10 KB" is_png "$W/hc.png" 10000
+check "plot_hc.py: read weights within [0, 1], 4 sublayers, n=4" \
+    $PY -c "
+import re, sys
+s = open('$W/hc.out').read()
+m = re.search(r'(\d+) sublayers, n=(\d+); read weights ([-\d.]+) \.\. ([-\d.]+)', s)
+sys.exit(0 if m and m.group(1) == '4' and m.group(2) == '4' and 0 <= float(m.group(3)) <= float(m.group(4)) <= 1 else 1)"
+$PY dev/plot_hc.py "$W/m/ckpt_000040.bin" --out "$W/hc_m.png" > /dev/null 2> "$W/err.txt"
+rc=$?
+check "plot_hc.py on an mhar checkpoint: exit 1, one-line error, no PNG" \
+    eval '[ $rc -eq 1 ] && one_line_error "$W/err.txt" "no hyper-connections: mhar mode" && [ ! -e "$W/hc_m.png" ]'
 
 finish

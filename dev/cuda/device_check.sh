@@ -34,7 +34,7 @@ done
 python3 dev/make_shard.py runs/shards/rand_000000.bin --tokens 2000000 --vocab 50257 --seed 1 >/dev/null
 common="-preset 100m -r mhar -H 8 -i runs/shards/rand_000000.bin -val_every 0 -warmup 10 -lr 1e-3"
 for r in a b; do
-    ./train_mhar_cu $common -b 4 -n 6 -sample_every 3 -sample_len 12 -o "$out/det_$r" >"$out/det_$r.txt" 2>&1
+    ./train_mhar_cu $common -b 4 -n 6 -sample_every 3 -sample_len 12 -o "$out/det_$r" -overwrite 1 >"$out/det_$r.txt" 2>&1
 done
 cut -d' ' -f1-4 "$out/det_a/log.txt" >"$out/det_a.losses"; cut -d' ' -f1-4 "$out/det_b/log.txt" >"$out/det_b.losses"
 if cmp -s "$out/det_a.losses" "$out/det_b.losses" && diff <(grep -A1 'sample ---' "$out/det_a.txt") <(grep -A1 'sample ---' "$out/det_b.txt") >/dev/null \

@@ -105,7 +105,7 @@ Versions (NOTES_route.md has the byte counts and predictions):
       lists start with them, and stores each as a partial: hbar = acc / l
       (N, C) fp32 and lse_p = m + log l (N, H) fp32; those sites start from it
       (max lse_p, sum 1, mix hbar) and read only their remaining sources.
-      Groups: route_fwd_plan (common/config.h, the trainer's planner too), by
+      Groups: route_fwd_plan (kernels/route_forward.cuh, the trainer's planner too), by
       cost (bytes and the extra sites' work) for --bench and --bytes, wherever
       the slots allow for --check. With
       KX > 0 the qg of all KX + 1 sites in shared memory; KX <= 3 (no spills
@@ -206,6 +206,8 @@ NOTES_route.md, "v17", has its cost model and the device command.
 #include <array>
 #include <algorithm>
 #include "../../common/config.h"
+#define ROUTE_FWD_PLAN_ONLY   // the trainer's grouping planner only, no kernels
+#include "../../kernels/route_forward.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -323,7 +325,7 @@ static void build_v7_plan(Prob &p, double min_gain) {
 template <int C> constexpr int v13_kx_max() { return 3; }
 static int v13_kmax(int C) { return 1 + (C <= 512 ? v13_kx_max<512>() : v13_kx_max<1024>()); }
 
-// v13's groups (route_fwd_plan in config.h, bf16 sources): by cost, or every
+// v13's groups (route_fwd_plan in kernels/route_forward.cuh, bf16 sources): by cost, or every
 // group the slots allow (all: --check and the self-test, to run every kind of site)
 static void build_v13_plan(Prob &p, int kmax, bool all) {
     p.lead13.assign(p.J, 0);
@@ -1368,7 +1370,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_fwd_v2_kernel(bf1
 
 // ----------------------------------------------------------------------------
 // v13: grouped forward (issue 5, "two-phase forward"). Groups come from
-// route_fwd_plan (config.h): site j leads a group of 1 + KX sites j .. j+KX,
+// route_fwd_plan (kernels/route_forward.cuh): site j leads a group of 1 + KX sites j .. j+KX,
 // whose source lists start with site j's n sources (slots written before site
 // j). While it reads those sources, site j's kernel also runs the online
 // softmax of each extra site j+x (x = 1..KX, its own qg) and stores it as a
@@ -2476,7 +2478,7 @@ static bool v12_fits(const Prob &P, int k) {
 // lane at that slot copied), the dsr entry written; that reader i's copy goes to the stage read
 // at iteration i and not to a stage still pending or in use; that lane l holds reader l; and
 // v12_fits. Positions: all of them at --check's N, 0..63 and the last 64 at 100M.
-// v13's plans (route_fwd_plan, config.h; the trainer uses the same function) on
+// v13's plans (route_fwd_plan, kernels/route_forward.cuh; the trainer uses the same function) on
 // every L <= 13 and S, kmax 1..4, both rules: groups are runs of consecutive
 // sites, at most kmax long; every member's list starts with its leader's,
 // strictly shorter one, of slots written before the leader (<= it); by cost,

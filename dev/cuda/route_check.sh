@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One device call for a change to the routing kernels: the lab's check of the new version
-# and its bench against the last (full mode and block S=4), the GPU test, then two paths of
-# one trainer binary side by side (dev/ab_gpu.sh: the A runs with AB_ENV set, the B runs
-# with the defaults) and the routing lines of the per-op profile of one step of each.
+# and its bench against the last (full mode and block S=4), the GPU test, then the trainer
+# against an earlier one side by side (dev/ab_gpu.sh, when AB_A names it) and the routing
+# lines of the per-op profile of each.
 #   bash dev/cuda/route_check.sh [OUTDIR]     (logs in OUTDIR, default runs/route; a summary last)
 #   env: LAB_NEW=16 LAB_OLD=14 (lab versions: the bench runs LAB_OLD .. LAB_NEW),
-#        AB_ENV=MHAR_QGAMMA=cuda (the A side's switch), SANITIZE=1 (then memcheck and racecheck
+#        AB_A=the A side (a built train_mhar_cu, or a train_mhar.cu extracted with its common/
+#        and kernels/; none: no A/B), SANITIZE=1 (then memcheck and racecheck
 #        on test_mhar's quick subset), SKIP_BUILD=1 (use the binaries already here: dev/cuda/route,
 #        test_mhar, train_mhar, train_mhar_cu, train_mhar_cu_fp32), ROUNDS=2
 set -u
 cd "$(dirname "$0")/../.."
 out=${1:-runs/route}
 mkdir -p "$out"
-new=${LAB_NEW:-16} old=${LAB_OLD:-14} abenv=${AB_ENV:-MHAR_QGAMMA=cuda}
+new=${LAB_NEW:-16} old=${LAB_OLD:-14} aba=${AB_A:-}
 summary() { echo "$*" | tee -a "$out/summary.txt"; }
 : >"$out/summary.txt"
 summary "device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
@@ -37,14 +38,16 @@ summary "lab bench: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
 ./test_mhar >"$out/test.txt" 2>&1
 summary "test_mhar: exit $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$out/test.txt")"
-grep -E "^FAIL|tensor cores vs" "$out/test.txt" | cut -c1-230 | tee -a "$out/summary.txt"
+grep -E "^FAIL" "$out/test.txt" | cut -c1-230 | tee -a "$out/summary.txt"
 
-t0=$(date +%s)
-A_ENV=$abenv ROUNDS=${ROUNDS:-2} PROFILE_GREP='route|bwd matmul|total' bash dev/ab_gpu.sh train_mhar_cu train_mhar_cu "-r mhar -H 8" "-r mhar -H 8 -S 4" \
-    "-r mhar -H 8 -S 8" >"$out/ab.txt" 2>&1
-summary "A/B in one binary (A: $abenv, B: the defaults), exit $? in $(( $(date +%s) - t0 )) s:"
-sed -n '/^mode/,/^$/p' "$out/ab.txt" | tee -a "$out/summary.txt"
-grep -E "^profile|route|bwd matmul|total" "$out/ab.txt" | tee -a "$out/summary.txt"
+if [ -n "$aba" ]; then
+    t0=$(date +%s)
+    ROUNDS=${ROUNDS:-2} PROFILE_GREP='route|bwd matmul|Range' bash dev/ab_gpu.sh "$aba" train_mhar_cu "-r mhar -H 8" \
+        "-r mhar -H 8 -S 4" "-r mhar -H 8 -S 8" >"$out/ab.txt" 2>&1
+    summary "A/B (A: $aba, B: this train_mhar_cu), exit $? in $(( $(date +%s) - t0 )) s:"
+    sed -n '/^mode/,/^$/p' "$out/ab.txt" | tee -a "$out/summary.txt"
+    grep -E "^profile|route|bwd matmul|Range" "$out/ab.txt" | tee -a "$out/summary.txt"
+fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then   # memcheck and racecheck on the quick subset (its bf16 flash configs take the new path)
     for tool in memcheck racecheck; do

@@ -43,6 +43,8 @@ if [ -n "$LAST" ]; then
     RESUME=(-resume "$LAST")
     DONE=$((10#$(basename "$LAST" .bin | sed 's/ckpt_//')))
     echo "run.sh: resuming $NAME from $LAST (step $DONE of $STEPS)"
+else
+    RESUME=(-overwrite 1)   # no checkpoint yet: a run stopped before its first save starts over
 fi
 [ "$DONE" -lt "$STEPS" ] || { echo "run.sh: $NAME is complete ($STEPS steps)"; exit 0; }
 

@@ -72,7 +72,7 @@ flags=("-r std" "-r attnres" "-r mhar -H 8" "-r mhar -H 16")
 for k in 0 1 2 3; do
     CUDA_VISIBLE_DEVICES=$((k % NGPU)) $TRAINER -preset "$PRESET" -T "$T" -b "$B" -d $((SEQS * T)) -n "$STEPS" \
         -lr "$LR" -warmup $((STEPS / 10 + 1)) -seed 1337 ${flags[$k]} "${DATA_FLAGS[@]}" \
-        -val_every $((STEPS / 4 + 1)) -val_batches 30 -sample_every 0 -o "$RUN_DIR/${names[$k]}" > "$RUN_DIR/${names[$k]}.out" 2>&1 &
+        -val_every $((STEPS / 4 + 1)) -val_batches 30 -sample_every 0 -o "$RUN_DIR/${names[$k]}" -overwrite 1 > "$RUN_DIR/${names[$k]}.out" 2>&1 &
 done
 wait
 # the routing probe on the routed runs (CPU, T=512, 4 x 4 sequences)

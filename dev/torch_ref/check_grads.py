@@ -48,17 +48,19 @@ THRESHOLD = 1e-9
 # final partial block (6 is not a multiple of 4) and S=2 block boundaries fall after MLPs.
 TINY = dict(L=3, C=32, NH=4, NKV=2, F=48, V=97, T=8, B=2)
 
-# mode name -> (tool's -r value, H, S); std passes no -H/-S
+# mode name -> (tool's -r value, H, S, n); std and hc pass no -H/-S, hc passes -hc_n n
 MODES = {
-    "std":     ("std", None, None),
-    "attnres": ("attnres", 1, 1),
-    "mhar2":   ("mhar", 2, 1),
-    "mhar4":   ("mhar", 4, 1),
-    "block2":  ("mhar", 2, 2),
-    "block4":  ("mhar", 4, 4),
-    "delta2":  ("delta", 2, 2),   # SPEC 9; 2L = 6 sublayers: 3 whole blocks
-    "delta4":  ("delta", 4, 4),   # one whole block and a trailing partial one
-    "delta1s1": ("delta", 1, 1),  # every output its own block
+    "std":     ("std", None, None, None),
+    "attnres": ("attnres", 1, 1, None),
+    "mhar2":   ("mhar", 2, 1, None),
+    "mhar4":   ("mhar", 4, 1, None),
+    "block2":  ("mhar", 2, 2, None),
+    "block4":  ("mhar", 4, 4, None),
+    "hc2":     ("hc", None, None, 2),
+    "hc4":     ("hc", None, None, 4),
+    "delta2":  ("delta", 2, 2, None),   # SPEC 9; 2L = 6 sublayers: 3 whole blocks
+    "delta4":  ("delta", 4, 4, None),   # one whole block and a trailing partial one
+    "delta1s1": ("delta", 1, 1, None),  # every output its own block
 }
 
 
@@ -69,6 +71,22 @@ def rel_err(a, b) -> float:
     diff = float(np.max(np.abs(a - b))) if a.size else 0.0
     scale = float(np.max(np.abs(b))) if b.size else 0.0
     return diff / scale if scale > 0 else diff
+
+
+def worst(*errs) -> float:
+    """The largest error; NaN when any is NaN (Python's max would drop it and pass a NaN run)."""
+    errs = [float(e) for e in errs]
+    return math.nan if any(math.isnan(e) for e in errs) else max(errs)
+
+
+def _crc32c_bytewise(data) -> int:
+    """CRC-32C one bit at a time, straight from its definition: the reference for mhar_io.crc32c."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
 
 
 class Tally:
@@ -97,10 +115,10 @@ def tool_command(tool):
 
 
 def run_mode(mode, tool, workdir, seed, tally, extra_args=()):
-    r, H, S = MODES[mode]
+    r, H, S, n = MODES[mode]
     c = TINY
     if not tally.quiet:
-        print(f"[{mode}] -r {r}" + (f" H={H} S={S}" if H else "") +
+        print(f"[{mode}] -r {r}" + (f" H={H} S={S}" if H else "") + (f" n={n}" if n else "") +
               f"  L={c['L']} C={c['C']} NH={c['NH']} NKV={c['NKV']} F={c['F']} V={c['V']}"
               f" T={c['T']} B={c['B']} seed={seed}")
     shard = os.path.join(workdir, f"{mode}_shard.bin")
@@ -114,6 +132,8 @@ def run_mode(mode, tool, workdir, seed, tally, extra_args=()):
     cmd = tool_command(tool) + ["-r", r]
     if H is not None:
         cmd += ["-H", str(H), "-S", str(S)]
+    if n is not None:
+        cmd += ["-hc_n", str(n)]
     for k in ("L", "C", "NH", "NKV", "F", "V", "T", "B"):
         cmd += [f"-{k}", str(c[k])]
     cmd += ["-seed", str(seed), "-i", shard, "-o", ckpt, "-g", grads, *extra_args]
@@ -138,9 +158,11 @@ def run_mode(mode, tool, workdir, seed, tally, extra_args=()):
         tally.check(f"{mode}: tool output", False, str(e))
         return
     want = dict(L=c["L"], C=c["C"], NH=c["NH"], NKV=c["NKV"], F=c["F"], V=c["V"],
-                mode={"attnres": "mhar"}.get(r, r))
+                mode={"std": "std", "hc": "hc", "delta": "delta"}.get(r, "mhar"))
     if H is not None:
         want.update(H=H, S=S)
+    if n is not None:
+        want.update(n=n)
     problems = [f"{k}={getattr(ck.cfg, k)} (asked {v})" for k, v in want.items()
                 if getattr(ck.cfg, k) != v]
     if ck.content != mhar_io.CONTENT_PARAMS:
@@ -323,6 +345,10 @@ def _random_model(cfg, seed):
         if cfg.mode == "delta":
             model.dnull.normal_(0.0, 0.3, generator=g)
             model.dalpha.normal_(0.0, 0.3, generator=g)
+        if cfg.mode == "hc":
+            model.hcalpha.normal_(0.0, 1.0, generator=g)
+            model.hca.add_(torch.randn(model.hca.shape, generator=g) * 0.3)
+            model.hcbeta.add_(torch.randn(model.hcbeta.shape, generator=g) * 0.3)
     return model.double()
 
 
@@ -356,7 +382,7 @@ def self_test(args):
         with torch.no_grad():
             out_s, a, r = spec_route_forward(v, q, gamma, H)
             dq_s, dg_s, dv_s = spec_route_backward(v, q, gamma, H, G, a, r)
-        e = max(rel_err(out.detach(), out_s), rel_err(dq_a, dq_s), rel_err(dg_a, dg_s),
+        e = worst(rel_err(out.detach(), out_s), rel_err(dq_a, dq_s), rel_err(dg_a, dg_s),
                 rel_err(dv_a, dv_s))
         amin, amax = float(a.min()), float(a.max())
         tally.check(f"route n={n} H={H} C={C}", e <= 1e-13,
@@ -388,7 +414,7 @@ def self_test(args):
             e = 0.0
             for l in range(cfg.L):
                 att_ref, mlp_ref = spec_sublayers_literal(model, l, u[0])
-                e = max(e, rel_err(model.attention(l, u)[0], att_ref),
+                e = worst(e, rel_err(model.attention(l, u)[0], att_ref),
                         rel_err(model.mlp(l, u)[0], mlp_ref))
         # measured ~1e-16; 1e-13 as for routing (same operations, different summation order)
         tally.check(f"sublayers NH={NH} NKV={NKV}", e <= 1e-13, f"worst rel {e:.2e}")
@@ -400,13 +426,13 @@ def self_test(args):
     model = _random_model(mhar_io.Config(**base, S=1), args.seed)
     l_full, g_full = _loss_and_grads(model, model._stream_full, idx, tgt)
     l_blk, g_blk = _loss_and_grads(model, lambda x: model._stream_block(x, 1), idx, tgt)
-    e = max([abs(l_full - l_blk) / abs(l_full)] + [rel_err(g_blk[k], g_full[k]) for k in g_full])
+    e = worst(*([abs(l_full - l_blk) / abs(l_full)] + [rel_err(g_blk[k], g_full[k]) for k in g_full]))
     tally.check("block S=1 == full mode", e <= 1e-14, f"worst rel over loss+grads {e:.2e}")
     for S in (2, 3, 4, 7):
         model = _random_model(mhar_io.Config(**base, S=S), args.seed + S)
         l_m, g_m = _loss_and_grads(model, model.stream, idx, tgt)
         l_r, g_r = _loss_and_grads(model, lambda x: block_reference_stream(model, x, S), idx, tgt)
-        e = max([abs(l_m - l_r) / abs(l_r)] + [rel_err(g_m[k], g_r[k]) for k in g_r])
+        e = worst(*([abs(l_m - l_r) / abs(l_r)] + [rel_err(g_m[k], g_r[k]) for k in g_r]))
         tally.check(f"block S={S} == SPEC 5 sources", e <= 1e-14,
                     f"worst rel over loss+grads {e:.2e}")
     # and block mode is not secretly full mode: with S=2 the loss must differ
@@ -427,7 +453,7 @@ def self_test(args):
         l_d, g_d = _loss_and_grads(delta, delta.stream, idx, tgt)
         # the loss exactly (x + 0 * mix = x); the std gradients up to autograd's summation order
         # (x_0 is also b_0, read by every site: its gradient sums more, zero, terms), measured 3.7e-16
-        ge = max(rel_err(g_d[k], g_s[k]) for k in g_s)
+        ge = worst(*(rel_err(g_d[k], g_s[k]) for k in g_s))
         zero = all(float(g_d[k].abs().max()) == 0 for k in ("rq", "rg", "dnull"))
         alpha = float(g_d["dalpha"].abs().min())
         tally.check(f"delta H={H} S={S} alpha=0 == std", l_s == l_d and ge <= 1e-14 and zero and alpha > 0,
@@ -441,6 +467,55 @@ def self_test(args):
     l_s, _ = _loss_and_grads(dmodel, dmodel._stream_std, idx, tgt)
     tally.check("delta with moved alpha != std", abs(l_d - l_s) > 1e-6 and l_0 == l_s,
                 f"|dloss| {abs(l_d - l_s):.2e}; alpha=0: {l_0 == l_s}")
+
+    print("[hyper-connections vs SPEC 8]")
+    # the SPEC's per-position backward formulas of one sublayer against autograd
+    for n in (1, 2, 4):
+        P, C = 5, 16
+        X = torch.randn(n, P, C, dtype=f64, requires_grad=True)
+        o = torch.randn(P, C, dtype=f64, requires_grad=True)
+        alpha = torch.randn(n, dtype=f64, requires_grad=True)
+        A = (torch.eye(n, dtype=f64) + 0.3 * torch.randn(n, n, dtype=f64)).requires_grad_(True)
+        beta = torch.randn(n, dtype=f64, requires_grad=True)
+        w = torch.softmax(alpha, 0)
+        h = (w[:, None, None] * X).sum(0)
+        Xn = torch.einsum("rs,spc->rpc", A, X) + beta[:, None, None] * o
+        dXn, dh = torch.randn(n, P, C, dtype=f64), torch.randn(P, C, dtype=f64)
+        auto = torch.autograd.grad((Xn * dXn).sum() + (h * dh).sum(), (X, o, alpha, A, beta))
+        with torch.no_grad():
+            dbeta = torch.einsum("rpc,pc->r", dXn, o)
+            do = torch.einsum("r,rpc->pc", beta, dXn)
+            dA = torch.einsum("rpc,spc->rs", dXn, X)
+            dX = torch.einsum("rs,rpc->spc", A, dXn) + w[:, None, None] * dh
+            dw = torch.einsum("pc,spc->s", dh, X)
+            dalpha = w * (dw - (w * dw).sum())
+        e = worst(*(rel_err(a, b) for a, b in zip(auto, (dX, do, dalpha, dA, dbeta))))
+        tally.check(f"hc backward formulas n={n}", e <= 1e-13, f"worst rel {e:.2e} (dX, do, dalpha, dA, dbeta)")
+    # model._stream_hc against the SPEC's recurrence written stream by stream
+    hcbase = dict(V=29, Vp=128, T=6, L=2, C=16, NH=4, NKV=2, F=24, mode="hc")
+    for n in (1, 3):
+        model = _random_model(mhar_io.Config(**hcbase, n=n), args.seed + n)
+
+        def literal(x0, model=model, n=n):
+            Xs = [x0] * n
+            for j in range(2 * model.cfg.L):
+                w = torch.softmax(model.hcalpha[j], 0)
+                h = sum(w[r] * Xs[r] for r in range(n))
+                o = model.sublayer(j, h)
+                Xs = [sum(model.hca[j][r, s] * Xs[s] for s in range(n)) + model.hcbeta[j][r] * o
+                      for r in range(n)]
+            return sum(Xs) / n
+        l_m, g_m = _loss_and_grads(model, model.stream, idx, tgt)
+        l_r, g_r = _loss_and_grads(model, literal, idx, tgt)
+        e = worst(abs(l_m - l_r) / abs(l_r), *(rel_err(g_m[k], g_r[k]) for k in g_r))
+        tally.check(f"hc n={n} == SPEC 8 recurrence", e <= 1e-13, f"worst rel over loss+grads {e:.2e}")
+    m = MHAR(mhar_io.Config(**hcbase, n=4)).requires_grad_(False)
+    eye = torch.eye(4, dtype=m.hca.dtype)
+    e0 = torch.zeros(4, dtype=m.hcbeta.dtype)
+    e0[0] = 1
+    dev = max(float(m.hcalpha.abs().max()), float((m.hca - eye).abs().max()),
+              float((m.hcbeta - e0).abs().max()))
+    tally.check("hc init: alpha ~0, A ~I, beta ~e_0", 0 < dev < 0.12, f"max deviation {dev:.3f} (0.02 N(0,1))")
 
     print("[initialisation (SPEC 6) and the LM head]")
     cfg = mhar_io.Config(**base, S=1)
@@ -523,9 +598,9 @@ def _io_self_test(tally, seed):
         tally.check("batch = first B*T+1 tokens", np.array_equal(x.ravel(), toks[:15]) and
                     np.array_equal(y.ravel(), toks[1:16]), "")
         # checkpoints: content 0/1/2, float32/float64, std and mhar
-        for mode, content, bpe in (("mhar", 0, 4), ("std", 1, 4), ("mhar", 2, 8)):
+        for mode, content, bpe in (("mhar", 0, 4), ("std", 1, 4), ("mhar", 2, 8), ("hc", 1, 4)):
             cfg = mhar_io.Config(V=29, Vp=128, T=6, L=2, C=16, NH=4, NKV=2, F=24, mode=mode,
-                                 H=2, S=3)
+                                 H=2, S=3, n=3 if mode == "hc" else 0)
             mk = lambda: {n: rng.standard_normal(s) for n, s in mhar_io.param_layout(cfg)}
             prm, m, v = mk(), mk(), mk()
             p = os.path.join(d, f"ck_{mode}_{content}.bin")
@@ -545,6 +620,7 @@ def _io_self_test(tally, seed):
         # errors: bad magic, bad version, truncated, inconsistent config, shard mixed up
         good = os.path.join(d, "ck_mhar_0.bin")
         data = bytearray(open(good, "rb").read())
+        ck0 = mhar_io.read_checkpoint(good)
         bad = os.path.join(d, "bad.bin")
 
         def write(b):
@@ -554,9 +630,19 @@ def _io_self_test(tally, seed):
         b = bytearray(data); b[0:4] = b"GPT2"; write(b)
         _expect_error(tally, "error: bad magic", lambda: mhar_io.read_checkpoint(bad),
                       "not an MHAR checkpoint", bad)
-        b = bytearray(data); b[4:8] = np.array([2], "<i4").tobytes(); write(b)
+        b = bytearray(data); b[4:8] = np.array([3], "<i4").tobytes(); write(b)
         _expect_error(tally, "error: bad version", lambda: mhar_io.read_checkpoint(bad),
-                      "version 2", bad)
+                      "version 3", bad)
+        b = bytearray(data); b[-1] ^= 0x10; write(b)
+        _expect_error(tally, "error: one flipped bit fails the checksum", lambda: mhar_io.read_checkpoint(bad),
+                      "checksum mismatch", bad)
+        b = bytearray(data); b[4:8] = np.array([1], "<i4").tobytes(); b[120:124] = b"\0\0\0\0"; write(b)
+        tally.check("version-1 file (no checksum) still reads",
+                    mhar_io.read_checkpoint(bad).params["wte"].shape == ck0.params["wte"].shape, bad)
+        tally.check("crc32c('123456789') == 0xE3069283 (short and lane-split paths agree)",
+                    mhar_io.crc32c(b"123456789") == 0xE3069283 and
+                    mhar_io.crc32c(bytes(range(256)) * 40) == _crc32c_bytewise(bytes(range(256)) * 40),
+                    hex(mhar_io.crc32c(b"123456789")))
         write(data[:-4])
         _expect_error(tally, "error: truncated", lambda: mhar_io.read_checkpoint(bad),
                       "size", bad)

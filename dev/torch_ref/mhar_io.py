@@ -7,20 +7,23 @@ Three formats, all little-endian, all with a header of 256 int32:
      or  magic 20240801, version 7, uint32 tokens (vocabularies over 65,535).
 
 2. Checkpoints (the project's own format, SPEC section 7)
-     [0] magic 0x5241484D (the bytes "MHAR"), [1] version 1,
+     [0] magic 0x5241484D (the bytes "MHAR"), [1] version 2 (version 1: the same without [30]),
      [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-     [10] residual mode (0 std, 1 mhar, 3 delta)  [11] H  [12] S  [13] HD
+     [10] residual mode (0 std, 1 mhar, 2 hc, 3 delta)  [11] H  [12] S  [13] HD
      [14] content (0 params, 1 params + AdamW m and v, 2 gradient dump)
      [15] step  [16..23] loader/rng state (not interpreted here)
      [24] bytes per element (4 float32, 8 float64)
      [25] B  [26] T of the batch (gradient dumps)
      [27..28] loss as one float64 (gradient dumps)
+     [29] n, the hc streams (0 in other modes)
+     [30] CRC-32C of the whole file, computed with this field read as 0 (version 2)
    then the tensors of param_layout(cfg), concatenated, row-major; with content 1 two more
    copies of that layout follow (m, then v).
 
 3. Gradient dumps: a checkpoint with content 2 whose parameter section holds dLoss/dparam.
 
-Every reader checks magic, version, the config's consistency and the exact file size, and
+Every reader checks magic, version, the config's consistency, the exact file size and the
+checksum (checkpoints of version 2), and
 raises MharFormatError with a one-line message naming the file.
 """
 
@@ -37,10 +40,11 @@ SHARD_MAGIC_U16, SHARD_VERSION_U16 = 20240520, 1
 SHARD_MAGIC_U32, SHARD_VERSION_U32 = 20240801, 7
 
 CKPT_MAGIC = 0x5241484D  # little-endian bytes 4D 48 41 52 = "MHAR"
-CKPT_VERSION = 1
+CKPT_VERSION = 2
+CKPT_CRC_INT = 30  # header int holding the CRC-32C (version 2)
 CONTENT_PARAMS, CONTENT_PARAMS_ADAM, CONTENT_GRADS = 0, 1, 2
-MODE_STD, MODE_MHAR, MODE_DELTA = 0, 1, 3
-_MODE_NAMES = {MODE_STD: "std", MODE_MHAR: "mhar", MODE_DELTA: "delta"}
+MODE_STD, MODE_MHAR, MODE_HC, MODE_DELTA = 0, 1, 2, 3
+_MODE_IDS = {"std": MODE_STD, "mhar": MODE_MHAR, "hc": MODE_HC, "delta": MODE_DELTA}
 
 # Magic numbers of other files that might be handed to us by mistake (for a better error).
 _OTHER_MAGICS = {
@@ -49,6 +53,70 @@ _OTHER_MAGICS = {
     20240326: "an llm.c GPT-2 checkpoint",
     20240328: "an llm.c tokenizer file",
 }
+
+
+def _crc32c_table():
+    t = np.zeros(256, dtype=np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t[i] = c
+    return t
+
+
+_CRC_T = _crc32c_table()
+
+
+def _crc_zero_bytes_op(nbytes):
+    """The linear map 'feed nbytes zero bytes' on a raw CRC-32C register, as 4 byte tables."""
+    def apply(cols, r):
+        x = 0
+        for b in range(32):
+            if r >> b & 1:
+                x ^= cols[b]
+        return x
+    op = [1 << b for b in range(32)]                                   # identity
+    base = [int(_CRC_T[(1 << b) & 0xFF]) ^ ((1 << b) >> 8) for b in range(32)]   # one zero byte
+    while nbytes:
+        if nbytes & 1:
+            op = [apply(base, c) for c in op]
+        base = [apply(base, c) for c in base]
+        nbytes >>= 1
+    return [[apply(op, v << (8 * q)) for v in range(256)] for q in range(4)]
+
+
+def crc32c(data) -> int:
+    """CRC-32C (Castagnoli) of data, as common/util.h's crc32c_update(0, data, n).
+
+    numpy runs K lanes of the byte-wise table CRC side by side and combines them (the CRC
+    register is linear over GF(2)), so gigabyte checkpoints take seconds, not hours."""
+    a = np.frombuffer(bytes(data) if not isinstance(data, (bytes, bytearray, memoryview)) else data,
+                      dtype=np.uint8)
+    n = a.size
+    lanes = max(1, min(1 << 18, n // 2048))
+    m = n // lanes if lanes > 1 else 0
+    acc = 0xFFFFFFFF
+    if lanes > 1:
+        cols = np.ascontiguousarray(a[:lanes * m].reshape(lanes, m).T)   # (m, lanes)
+        r = np.zeros(lanes, dtype=np.uint32)
+        for j in range(m):
+            r = _CRC_T[(r ^ cols[j]) & 0xFF] ^ (r >> 8)
+        t0, t1, t2, t3 = _crc_zero_bytes_op(m)
+        for x in r.tolist():
+            acc = t0[acc & 0xFF] ^ t1[(acc >> 8) & 0xFF] ^ t2[(acc >> 16) & 0xFF] ^ t3[acc >> 24] ^ x
+    for byte in a[lanes * m:].tolist():
+        acc = int(_CRC_T[(acc ^ byte) & 0xFF]) ^ (acc >> 8)
+    return acc ^ 0xFFFFFFFF
+
+
+def _file_crc(raw: bytearray) -> int:
+    """The checkpoint checksum: CRC-32C of the file with header int [30] read as 0."""
+    keep = raw[CKPT_CRC_INT * 4:CKPT_CRC_INT * 4 + 4]
+    raw[CKPT_CRC_INT * 4:CKPT_CRC_INT * 4 + 4] = b"\0\0\0\0"
+    crc = crc32c(raw)
+    raw[CKPT_CRC_INT * 4:CKPT_CRC_INT * 4 + 4] = keep
+    return crc
 
 
 class MharFormatError(ValueError):
@@ -74,9 +142,10 @@ class Config:
     NH: int         # query heads
     NKV: int        # key/value heads (GQA)
     F: int          # SwiGLU hidden width
-    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1) or "delta" (SPEC section 9)
+    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1), "hc" or "delta" (SPEC section 9)
     H: int = 1      # routing heads (mhar, delta)
     S: int = 1      # sublayers per block (mhar: 1 = full mode; delta)
+    n: int = 0      # hyper-connection streams (hc only; SPEC section 8)
 
     @property
     def HD(self) -> int:
@@ -98,13 +167,15 @@ class Config:
             p.append(f"head dim HD={self.HD} must be even for RoPE")
         if self.NH % self.NKV:
             p.append(f"NKV={self.NKV} does not divide NH={self.NH}")
-        if self.mode not in ("std", "mhar", "delta"):
+        if self.mode not in _MODE_IDS:
             p.append(f"unknown residual mode {self.mode!r}")
         if self.mode in ("mhar", "delta"):
             if self.H <= 0 or self.C % self.H:
                 p.append(f"routing heads H={self.H} must divide C={self.C}")
             if self.S <= 0:
                 p.append(f"block size S={self.S} must be >= 1")
+        if self.mode == "hc" and not 1 <= self.n <= 64:
+            p.append(f"hc streams n={self.n} must be 1..64")
         return p
 
 
@@ -129,6 +200,11 @@ def param_layout(cfg: Config) -> List[Tuple[str, Tuple[int, ...]]]:
     if cfg.mode in ("mhar", "delta"):
         layout += [("rq", (2 * L + 1, C)),   # routing queries q_j, one per site
                    ("rg", (2 * L + 1, C))]   # routing key-norm weights gamma_j
+    if cfg.mode == "hc":
+        n = cfg.n
+        layout += [("hcalpha", (2 * L, n)),     # read logits alpha_j: w_j = softmax(alpha_j)
+                   ("hca", (2 * L, n, n)),      # stream mix A_j[r, s]
+                   ("hcbeta", (2 * L, n))]      # write weights beta_j
     if cfg.mode == "delta":
         layout += [("dnull", (2 * L + 1, C)),   # null sources n_j, one per site
                    ("dalpha", (2 * L + 1,))]    # gates alpha_j of the routed mix
@@ -218,11 +294,13 @@ class Checkpoint:
 
 def _header_to_config(path, h) -> Config:
     mode_id = int(h[10])
-    if mode_id not in _MODE_NAMES:
-        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 3 delta)")
+    names = {v: k for k, v in _MODE_IDS.items()}
+    if mode_id not in names:
+        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 2 hc, 3 delta)")
     cfg = Config(V=int(h[2]), Vp=int(h[3]), T=int(h[4]), L=int(h[5]), C=int(h[6]),
                  NH=int(h[7]), NKV=int(h[8]), F=int(h[9]),
-                 mode=_MODE_NAMES[mode_id], H=int(h[11]), S=int(h[12]))
+                 mode=names[mode_id], H=int(h[11]), S=int(h[12]),
+                 n=int(h[29]) if mode_id == MODE_HC else 0)
     problems = cfg.problems()
     if problems:
         _fail(path, "inconsistent config: " + "; ".join(problems))
@@ -243,8 +321,9 @@ def read_checkpoint(path: str) -> Checkpoint:
     if magic != CKPT_MAGIC:
         what = _OTHER_MAGICS.get(int(h[0]), f"magic 0x{magic:08X}")
         _fail(path, f"not an MHAR checkpoint ({what}; expected magic 0x{CKPT_MAGIC:08X} 'MHAR')")
-    if int(h[1]) != CKPT_VERSION:
-        _fail(path, f"checkpoint version {int(h[1])}, this reader knows version {CKPT_VERSION}")
+    version = int(h[1])
+    if version not in (1, CKPT_VERSION):
+        _fail(path, f"checkpoint version {version}, this reader knows versions 1 and {CKPT_VERSION}")
     cfg = _header_to_config(path, h)
     content, bpe = int(h[14]), int(h[24])
     if content not in (CONTENT_PARAMS, CONTENT_PARAMS_ADAM, CONTENT_GRADS):
@@ -257,7 +336,15 @@ def read_checkpoint(path: str) -> Checkpoint:
     expected = HEADER_BYTES + copies * n * bpe
     if size != expected:
         _fail(path, f"size {size} bytes, but the header's config and content imply {expected}")
-    data = np.fromfile(path, dtype=dtype, count=copies * n, offset=HEADER_BYTES)
+    with open(path, "rb") as f:
+        whole = bytearray(f.read())
+    if version >= 2:
+        stored, crc = int(h[CKPT_CRC_INT]) & 0xFFFFFFFF, _file_crc(whole)
+        if stored != crc:
+            _fail(path, f"checksum mismatch (header 0x{stored:08X}, contents 0x{crc:08X}): the file is corrupt")
+    data = np.frombuffer(bytes(whole[HEADER_BYTES:]), dtype=dtype, count=copies * n)
+    if not np.all(np.isfinite(data)):
+        _fail(path, f"a non-finite value at element {int(np.argmin(np.isfinite(data)))} of the tensors")
 
     def split(flat):
         out, off = {}, 0
@@ -295,7 +382,8 @@ def write_checkpoint(path: str, cfg: Config, params: Dict[str, np.ndarray], *,
     h[0] = np.array(CKPT_MAGIC, dtype=np.uint32).view(np.int32)
     h[1] = CKPT_VERSION
     h[2:10] = [cfg.V, cfg.Vp, cfg.T, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F]
-    h[10] = {name: i for i, name in _MODE_NAMES.items()}[cfg.mode]
+    h[10] = _MODE_IDS[cfg.mode]
+    h[29] = cfg.n if cfg.mode == "hc" else 0
     h[11], h[12], h[13] = cfg.H, cfg.S, cfg.HD
     h[14], h[15], h[24] = content, step, bytes_per_elem
     if content == CONTENT_GRADS:
@@ -316,9 +404,14 @@ def write_checkpoint(path: str, cfg: Config, params: Dict[str, np.ndarray], *,
             parts.append(a.astype(dtype).ravel())
         return b"".join(p.tobytes() for p in parts)
 
-    with open(path, "wb") as f:
-        f.write(bytes(raw))
-        f.write(flat(params, "params"))
-        if content == CONTENT_PARAMS_ADAM:
-            f.write(flat(m, "AdamW m"))
-            f.write(flat(v, "AdamW v"))
+    body = flat(params, "params")
+    if content == CONTENT_PARAMS_ADAM:
+        body += flat(m, "AdamW m") + flat(v, "AdamW v")
+    whole = raw + body
+    whole[CKPT_CRC_INT * 4:CKPT_CRC_INT * 4 + 4] = np.array(_file_crc(whole), dtype="<u4").tobytes()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(bytes(whole))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

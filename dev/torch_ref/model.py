@@ -1,8 +1,9 @@
 """An independent PyTorch model of SPEC.md (Multi-Head Attention Residuals).
 
 Written from doc/SPEC.md alone, not from the C trainer: its purpose is to check that
-the C/CUDA code computes what the SPEC says (check_grads.py), and later to be the speed
-baseline (torch.compile + bf16 autocast). It runs on CPU in float64 and on CUDA in bf16.
+the C/CUDA code computes what the SPEC says (check_grads.py). The GPU speed baseline is
+fast_model.py, the same function laid out for speed (check_fast_model.py compares the two).
+It runs on CPU in float64 and on CUDA in bf16 (bench_torch.py --impl ref).
 
 The parameters mirror the checkpoint layout one to one (mhar_io.param_layout): per-layer
 weights are stacked along a leading L axis, e.g. wq has shape (L, NH*HD, C), so loading a
@@ -100,7 +101,8 @@ class MHAR(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None):
-        """SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0;
+        """SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0.
+        SPEC 8 (hc): alpha 0.02 N(0,1), A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1).
         SPEC 9: delta's null sources and gates 0.
         CHOICE: the padded rows V..Vp-1 of wte are set to 0 (they never enter the loss)."""
         for name, p in self.named_parameters():
@@ -108,6 +110,12 @@ class MHAR(nn.Module):
                 p.fill_(1.0)
             elif name in ("rq", "dnull", "dalpha"):
                 p.zero_()
+            elif name in ("hcalpha", "hca", "hcbeta"):
+                p.normal_(0.0, 0.02, generator=generator)
+                if name == "hca":
+                    p += torch.eye(self.cfg.n, dtype=p.dtype)
+                if name == "hcbeta":
+                    p[:, 0] += 1.0
             else:
                 p.normal_(0.0, 0.02, generator=generator)
         self.wte[self.cfg.V:].zero_()
@@ -215,6 +223,20 @@ class MHAR(nn.Module):
                 return h
             xs.append(xs[j] + self.sublayer(j, h))
 
+    def _stream_hc(self, x0: torch.Tensor) -> torch.Tensor:
+        """SPEC 8 hyper-connections with n streams X_r (stacked as (n, B, T, C)):
+        X_r = embedding for every r; per sublayer j, w = softmax(alpha_j),
+        h_j = sum_r w[r] X_r, o_j = f_j(rmsnorm(h_j)), X'_r = sum_s A_j[r,s] X_s + beta_j[r] o_j;
+        h_final = mean over r of X_r."""
+        n = self.cfg.n
+        X = x0.unsqueeze(0).expand(n, *x0.shape)
+        for j in range(2 * self.cfg.L):
+            w = torch.softmax(self.hcalpha[j], dim=0)
+            h = torch.einsum("r,rbtc->btc", w, X)
+            o = self.sublayer(j, h)
+            X = torch.einsum("rs,sbtc->rbtc", self.hca[j], X) + self.hcbeta[j][:, None, None, None] * o
+        return X.mean(dim=0)
+
     # ------------------------------------------------------------------ forward
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
@@ -229,6 +251,8 @@ class MHAR(nn.Module):
         """Embedding -> h_final, by the residual mode of the config (SPEC 4, 5, 9)."""
         if self.cfg.mode == "std":
             return self._stream_std(x0)
+        if self.cfg.mode == "hc":
+            return self._stream_hc(x0)
         if self.cfg.mode == "delta":
             return self._stream_delta(x0, self.cfg.S)
         if self.cfg.S == 1:

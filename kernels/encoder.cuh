@@ -1,0 +1,62 @@
+// kernels/encoder.cuh: the embedding. Forward out (N, C) = wte[inp[n]] (one thread
+// per element); backward dwte[tok] += dout rows of that token's positions, summed in
+// position order (the host groups the positions by token; one block row per token):
+// deterministic, no atomics. The trainer's own simple kernels (no lab version).
+#pragma once
+
+// ----------------------------------------------------------------------------
+// Embedding
+
+__global__ void encoder_forward_kernel(floatX *out, const int *inp, const floatX *wte, size_t N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * C) { return; }
+    size_t n = i / C, c = i % C;
+    out[i] = wte[(size_t)inp[n] * C + c];
+}
+
+// out (N, C) = wte[inp[n]]: the first source v_0 (SPEC section 4). inp on the device.
+void encoder_forward(floatX *out, const int *inp, const floatX *wte, size_t N, int C) {
+    encoder_forward_kernel<<<ceil_div(N * C, 256), 256>>>(out, inp, wte, N, C);
+    launchCheck();
+}
+
+// One block row per distinct token s: dwte[tok[s]] += dout[n] over that token's
+// positions n in increasing order (the CPU's serial order, without atomics).
+__global__ void encoder_backward_kernel(float *dwte, const float *dout, const int *order, const int *seg_start,
+                                        const int *seg_tok, int C) {
+    int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) { return; }
+    float *d = dwte + (size_t)seg_tok[s] * C + c;
+    float acc = *d;
+    for (int k = seg_start[s]; k < seg_start[s + 1]; k++) { acc += dout[(size_t)order[k] * C + c]; }
+    *d = acc;
+}
+
+int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+// dwte[inp[n]] += dout[n]. inp is the host copy of the batch; the host groups
+// the positions by token (sorted by (token, position)) into the device scratch
+// `scratch` (3N+1 ints), then one kernel row per token sums them in order.
+void encoder_backward(float *dwte, const float *dout, const int *inp, size_t N, int C, int *scratch) {
+    uint64_t *key = (uint64_t *)malloc_check(N * sizeof(uint64_t));
+    int *host = (int *)malloc_check((3 * N + 1) * sizeof(int));
+    for (size_t n = 0; n < N; n++) { key[n] = (uint64_t)(uint32_t)inp[n] << 32 | (uint64_t)n; }
+    qsort(key, N, sizeof(uint64_t), cmp_u64);
+    int *order = host, *seg_start = host + N, nseg = 0;
+    int *seg_tok = host + 2 * N + 1;
+    for (size_t k = 0; k < N; k++) {
+        order[k] = (int)(key[k] & 0xffffffffu);
+        int tok = (int)(key[k] >> 32);
+        if (k == 0 || tok != seg_tok[nseg - 1]) { seg_start[nseg] = (int)k; seg_tok[nseg++] = tok; }
+    }
+    seg_start[nseg] = (int)N;
+    // device layout: order (N) | seg_start (N+1) | seg_tok (N)
+    cudaCheck(cudaMemcpy(scratch, host, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    dim3 grid(nseg, ceil_div(C, 128));
+    encoder_backward_kernel<<<grid, 128>>>(dwte, dout, scratch, scratch + N, scratch + 2 * N + 1, C);
+    launchCheck();
+    free(key); free(host);
+}

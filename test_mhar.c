@@ -851,6 +851,13 @@ static Config gpu_layout_config_L(int C, int H, int L) {
 }
 static Config gpu_layout_config(int C, int H) { return gpu_layout_config_L(C, H, 2); }
 
+// delta mode (SPEC section 9) on a config above, blocks of S sublayers
+static Config gpu_delta_config(Config c, int H, int S) {
+    c.mode = RES_DELTA; c.H = H; c.S = S;
+    config_finalize(&c, "gpu delta test");
+    return c;
+}
+
 // Moderate parameters (see above), in place of model_randomize.
 static void gpu_test_params(Model *m, uint64_t seed) {
     const Config *c = &m->cfg;
@@ -1079,6 +1086,103 @@ static void check_gpu_trainer_binaries(void) {
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
 
+// delta's conversion on the GPU (SPEC section 9), in precision P: a std model with
+// moderate random parameters (gpu_test_params) and the same weights converted to a
+// delta model (the new parameters at their init: q 0, gamma 1, null 0, alpha 0) give
+// the same logits and loss bit for bit (memcmp): at alpha = 0 the gated norm computes
+// std's y = x_j + 0 and then std's own kernel body (kernels/rmsnorm.cuh, GATED), site 0
+// std's rmsnorm_forward. The gradients of q, gamma and the null are exactly 0 (G_j =
+// alpha_j dh_j = 0 and the null's q gamma = 0) and every alpha_j's is non-zero.
+static void check_gpu_delta_identity(const GpuPrecision *P, int H, int S) {
+    Config cs = gpu_test_config(RES_STD, 1, 1), cd = gpu_test_config(RES_DELTA, H, S);
+    int B = 2, T = cs.T;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 77;
+    int *in, *tg;
+    float *ps;
+    Model m;
+    gpu_test_inputs(&cs, &rng, &in, &tg, &m, &ps);
+    size_t ns = param_count(&cs), nd = param_count(&cd), sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS + 1];
+    param_sizes(&cd, sizes);
+    off[0] = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) { off[ti + 1] = off[ti] + sizes[ti]; }
+    float *pd = (float *)malloc_check(nd * sizeof(float));
+    params_init(pd, &cd, 42, 0.02f);
+    memcpy(pd, ps, ns * sizeof(float));   // the std tensors come first (config.h's order)
+    float *ls = (float *)malloc_check(N * cs.V * sizeof(float)), *ld = (float *)malloc_check(N * cs.V * sizeof(float));
+    float *gs = (float *)malloc_check(ns * sizeof(float)), *gd = (float *)malloc_check(nd * sizeof(float));
+    void *g = P->create(&cs, ps, B, T);
+    double loss_s = P->forward_backward(g, in, tg, B, T, ls, gs);
+    P->free(g);
+    g = P->create(&cd, pd, B, T);
+    double loss_d = P->forward_backward(g, in, tg, B, T, ld, gd);
+    P->free(g);
+    double dlog = 0;
+    for (size_t i = 0; i < N * cs.V; i++) { dlog = max_nan(dlog, fabs((double)ls[i] - (double)ld[i])); }
+    int same = memcmp(ls, ld, N * cs.V * sizeof(float)) == 0 && loss_s == loss_d;
+    size_t nonzero = 0, alpha_zero = 0;
+    for (size_t i = off[P_RQ]; i < off[P_RG + 1]; i++) { nonzero += gd[i] != 0; }
+    for (size_t i = off[P_DNULL]; i < off[P_DNULL + 1]; i++) { nonzero += gd[i] != 0; }
+    for (size_t i = off[P_DALPHA]; i < off[P_DALPHA + 1]; i++) { alpha_zero += !(gd[i] != 0); }   // (NaN: counted)
+    double gstd = 0;   // the std tensors' gradients, for the report (the backward's order of sums differs)
+    for (size_t i = 0; i < ns; i++) { gstd = max_nan(gstd, fabs((double)gs[i] - (double)gd[i])); }
+    check(same && nonzero == 0 && alpha_zero == 0,
+          "GPU %s delta H=%d S=%d at conversion: logits and loss bit-identical to the std model's (%s; loss %.9g vs "
+          "%.9g, max |dlogit| %.2e), q/gamma/null gradients exactly 0 (%zu non-zero), every alpha gradient non-zero "
+          "(%zu zero of %zu); std gradients max |diff| %.2e", P->name, H, S, same ? "yes" : "NO", loss_d, loss_s, dlog,
+          nonzero, alpha_zero, sizes[P_DALPHA], gstd);
+    model_free(&m);
+    free(ps); free(pd); free(ls); free(ld); free(gs); free(gd); free(in); free(tg);
+}
+
+// delta through the GPU trainer binaries (-init_from in the shared train loop): a std run of
+// the CPU trainer saves step 10; from it, in each GPU precision, the std control (resumed for
+// step 11) and the converted run (-r delta) see the same batch first and log the same first
+// loss (9 digits); the fp32 GPU delta run follows the CPU trainer's for 6 steps (-lr_new 0.5).
+static void check_gpu_delta_binaries(void) {
+    char cmd[4096], path[512], base[1024];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_gpu_delta_XXXXXX");
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    free(tok);
+    snprintf(base, sizeof(base), "-preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -val_every 0 -j '' "
+             "-i %s/train.bin", tmpdir);
+    snprintf(cmd, sizeof(cmd), "./train_mhar %s -r std -n 10 -o %s/s", base, tmpdir);
+    int rc = run_cmd(cmd, NULL, 0);
+    const char *bins[3] = {"./train_mhar_cu_fp32", "./train_mhar_cu", "./train_mhar"};
+    char l[3][2][16][32];   // [binary][control, delta][step]
+    int nl[3][2];
+    for (int b = 0; b < 3; b++) {
+        snprintf(cmd, sizeof(cmd), "%s %s -r std -n 11 -o %s/c%d -resume %s/s/ckpt_000010.bin", bins[b], base, tmpdir,
+                 b, tmpdir);
+        rc |= run_cmd(cmd, NULL, 0);
+        snprintf(cmd, sizeof(cmd), "%s %s -r delta -H 2 -S 2 -n 6 -lr_new 0.5 -o %s/d%d -init_from %s/s/ckpt_000010.bin",
+                 bins[b], base, tmpdir, b, tmpdir);
+        rc |= run_cmd(cmd, NULL, 0);
+        snprintf(path, sizeof(path), "%s/c%d/log.txt", tmpdir, b);
+        nl[b][0] = read_losses(path, l[b][0], 16);
+        snprintf(path, sizeof(path), "%s/d%d/log.txt", tmpdir, b);
+        nl[b][1] = read_losses(path, l[b][1], 16);
+    }
+    for (int b = 0; b < 2; b++) {
+        int ok = rc == 0 && nl[b][0] == 1 && nl[b][1] == 6 && strcmp(l[b][0][0], l[b][1][0]) == 0;
+        check(ok, "GPU %s trainer: the first loss after -init_from equals the std control's (step 11: %s, delta step 1: "
+              "%s)", b == 0 ? "fp32" : "bf16", nl[b][0] == 1 ? l[b][0][0] : "?", nl[b][1] >= 1 ? l[b][1][0] : "?");
+    }
+    double worst = nl[0][1] == 6 && nl[2][1] == 6 ? 0 : 1;
+    for (int i = 0; i < 6 && worst < 1; i++) {
+        worst = max_nan(worst, fabs(atof(l[0][1][i]) - atof(l[2][1][i])) / fabs(atof(l[2][1][i])));
+    }
+    check(rc == 0 && worst < 1e-5, "GPU fp32 delta run (-init_from, -lr_new 0.5) follows the CPU trainer's for 6 steps "
+          "(loss %s vs %s, worst rel %.1e)", nl[0][1] == 6 ? l[0][1][5] : "?", nl[2][1] == 6 ? l[2][1][5] : "?", worst);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
 // One entry of check_gpu's list (fields below, where the list is)
 // deep: the bf16 forward/backward tolerances times 4 (see the "C=256 L=17" case)
 typedef struct { const char *name; Config cfg; int tiny, steps, quick, deep; } GpuCase;
@@ -1198,13 +1302,23 @@ static void check_gpu(void) {
         // bf16, so bf16 gets 4x the layout tolerances here; its training steps (from the 0.02
         // initialisation) keep theirs.
         {"C=256 L=17", gpu_layout_config_L(256, 1, 17), 0, 2, 0, 1},
+        // delta (SPEC section 9): tiny, blocks of 2 (3 whole blocks) and of 4 (one whole, one
+        // trailing partial), and the 100M layout C=512 H=8 with blocks of 2 (L = 2: 2 blocks)
+        {"delta H=2 S=2", gpu_test_config(RES_DELTA, 2, 2), 1, 10, 0, 0},
+        {"delta H=4 S=4", gpu_test_config(RES_DELTA, 4, 4), 1, 10, 0, 0},
+        {"delta C=512 H=8 S=2", gpu_delta_config(gpu_layout_config(512, 8), 8, 2), 0, 2, 0, 0},
     };
     const int ncases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int p = 0; p < 2; p++) {
         for (int k = 0; k < ncases; k++) { check_gpu_case(&cases[k], precs, flash, p, quick, ""); }
     }
     if (!quick) {
+        for (int p = 0; p < 2; p++) {
+            check_gpu_delta_identity(&precs[p], 2, 2);
+            check_gpu_delta_identity(&precs[p], 4, 4);
+        }
         check_gpu_trainer_binaries();
+        check_gpu_delta_binaries();
     }
 }
 #endif

@@ -1360,7 +1360,6 @@ static void model_logits_row(Model *m, int t, float *out) {
     for (int i = 0; i < m->cfg.V; i++) { out[i] = (float)row[i]; }
 }
 
-#define TRAINER_HAS_DELTA   // this trainer implements delta mode: Model.lr_new, read by adamw_update
 #include "common/train_loop.h"
 
 #ifndef TESTING

@@ -10,10 +10,9 @@
 //   void device_finish(char *desc, size_t n) tear down, describe memory use at the end
 //   void model_logits_row(Model *m, int t, float *out)   row t of the last forward's
 //                                                         logits (V floats) on the host
-// A trainer that implements delta mode (SPEC section 9) defines TRAINER_HAS_DELTA
-// before including this header; its Model then has a field lr_new (the
-// learning-rate multiple of the new parameters, config.h's param_is_new, read
-// by its adamw_update). Without it, -r delta stops with an error.
+// Both trainers run delta mode (SPEC section 9): their Model has a field lr_new
+// (the learning-rate multiple of the new parameters, config.h's param_is_new,
+// read by its adamw_update), set here from -lr_new.
 #pragma once
 #include <sys/resource.h>
 #include "args.h"
@@ -172,11 +171,6 @@ static int train_main(int argc, char **argv) {
     Config *cfg = &args.cfg;
     int B = args.B, T = cfg->T;
     int accum = (int)(args.total_batch / ((long)B * T));
-#ifndef TRAINER_HAS_DELTA
-    if (cfg->mode == RES_DELTA) {
-        die("-r delta: this trainer has no delta mode yet; train delta models with the CPU trainer train_mhar");
-    }
-#endif
     char desc[256];
     device_init(desc, sizeof(desc));
 
@@ -187,9 +181,7 @@ static int train_main(int argc, char **argv) {
 #endif
     Model model;
     model_build(&model, cfg, args.seed, args.init_std);
-#ifdef TRAINER_HAS_DELTA
     model.lr_new = args.lr_new;
-#endif
     CkptInfo state;
     memset(&state, 0, sizeof(state));
     state.rng = args.seed ^ 0xA5A5A5A5ull;

@@ -1,4 +1,7 @@
-// Delta AttnRes (SPEC section 9) on the GPU: the backward of a site's null source.
+// Delta AttnRes (SPEC section 9) on the GPU: the backward of a site's null source
+// (delta_null_backward, lab dev/cuda/delta.cu), then the rest of a delta site (below:
+// the null's broadcast, the gate's backward, a sublayer's dout). The gated norm of the
+// forward is residual_norm_gated_forward in kernels/rmsnorm.cuh (one kernel body with std's).
 //
 // Site j routes [n_j, b_0, b_1 .. b_m]; the null source n_j (C) is the same vector at
 // every position, so its statistic r, its key and its per-head score
@@ -124,5 +127,95 @@ static void delta_null_backward(float *dnull, float *qv, float *part, const floa
     }
     launchCheck();
     delta_null_reduce_kernel<<<ceil_div(C, 128), 128>>>(dnull, qv, part, null, qg, rnull, P, C, H);
+    launchCheck();
+}
+
+// ----------------------------------------------------------------------------
+// The rest of a delta site on the GPU (train_mhar.cu's site_forward / site_backward):
+//  - delta_null_fill: slot J (N, C) = the site's null source at every position, so
+//    that route_forward reads it like any other source.
+//  - delta_gate_backward: given dh = dL/dh_j (the norm's backward, fp32) of
+//    h_j = x_j + alpha_j mix_j: dres (+)= dh (the running gradient of the residual
+//    stream: dx_j += dh_j, std's arithmetic), G_j = alpha_j dh (floatX: the routing's
+//    dL/dmix_j), S_j[h] = G_j[h] . mix_j[h] and dalpha_j += sum dh . mix_j (fixed
+//    partitions summed in order).
+//  - delta_dout: the floatX dout of a sublayer, dres + db (db: its block sum's gradient
+//    when the block is a source, else NULL).
+
+__global__ void delta_null_fill_kernel(floatX *out, const floatX *null, size_t N, int C) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * C) { out[i] = null[i % C]; }
+}
+
+// out (N, C) = null (C) at every position
+void delta_null_fill(floatX *out, const floatX *null, size_t N, int C) {
+    delta_null_fill_kernel<<<ceil_div(N * C, 256), 256>>>(out, null, N, C);
+    launchCheck();
+}
+
+// Block b (8 warps) owns rows [b R, b R + R); warp w takes rows w, w + 8, ...; per row
+// and head, the lanes walk the head's channels. part[b] = the block's sum of dh . mix.
+__global__ void __launch_bounds__(256)
+delta_gate_backward_kernel(float *dres, floatX *G, float *S, float *part, const float *dh, const floatX *mix,
+                           const float *alpha, size_t N, int C, int H, int R, int add) {
+    __shared__ float red[8];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, HC = C / H;
+    const float al = *alpha;
+    float acc = 0.0f;
+    const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
+    for (size_t n = n0 + warp; n < n1; n += 8) {
+        for (int h = 0; h < H; h++) {
+            float s = 0.0f;
+            for (int c = h * HC + lane; c < (h + 1) * HC; c += 32) {
+                const size_t i = n * C + c;
+                const float d = dh[i], mx = toF(mix[i]);
+                dres[i] = add ? dres[i] + d : d;
+                const floatX g = fromF<floatX>(al * d);
+                G[i] = g;
+                s += toF(g) * mx;
+                acc += d * mx;
+            }
+            s = warp_sum(s);
+            if (lane == 0) { S[n * H + h] = s; }
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) { red[warp] = acc; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < 8; w++) { t += red[w]; }
+        part[blockIdx.x] = t;
+    }
+}
+
+// *dalpha += the P partials in order
+__global__ void delta_alpha_reduce_kernel(float *dalpha, const float *part, int P) {
+    float t = 0.0f;
+    for (int p = 0; p < P; p++) { t += part[p]; }
+    *dalpha += t;
+}
+
+// Backward of h_j = x_j + alpha mix_j given dh (N, C) fp32: dres (N, C) = (add ? dres : 0)
+// + dh; G (N, C) floatX = alpha dh; S (N, H) = G[h] . mix[h]; *dalpha += sum dh . mix.
+// alpha: the gate on the device (fp32); part: RED_PARTS_MAX floats of scratch.
+void delta_gate_backward(float *dres, floatX *G, float *S, float *dalpha, float *part, const float *dh,
+                         const floatX *mix, const float *alpha, size_t N, int C, int H, int add) {
+    const int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+    delta_gate_backward_kernel<<<P, 256>>>(dres, G, S, part, dh, mix, alpha, N, C, H, R, add);
+    launchCheck();
+    delta_alpha_reduce_kernel<<<1, 1>>>(dalpha, part, P);
+    launchCheck();
+}
+
+__global__ void delta_dout_kernel(floatX *dout, const float *dres, const float *db, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { dout[i] = fromF<floatX>(db != NULL ? dres[i] + db[i] : dres[i]); }
+}
+
+// dout (n) = floatX of dres + db (db NULL: of dres): the output gradient of a sublayer
+// whose output is in the stream and, when its block is complete, in the block's sum
+void delta_dout(floatX *dout, const float *dres, const float *db, size_t n) {
+    delta_dout_kernel<<<ceil_div(n, 256), 256>>>(dout, dres, db, n);
     launchCheck();
 }

@@ -543,6 +543,20 @@ static void check_train_resume(const char *name, const char *base, const char *d
           nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
 }
 
+// A fresh temporary directory in tmpdir (/tmp/PREFIX_XXXXXX) holding train.bin: the
+// learnable sequence of check_trainer_binary, 40,000 tokens, vocab 61.
+static void learnable_train_dir(const char *prefix) {
+    char path[512];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/%s_XXXXXX", prefix);
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    free(tok);
+}
+
 static void check_trainer_binary(void) {
     char cmd[4096], err[4096], path[512];
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
@@ -671,14 +685,7 @@ static Config read_ckpt_params(const char *path, float *p, size_t n) {
 // one line naming the file and the reason.
 static void check_delta_binary(void) {
     char cmd[4096], err[4096], path[512];
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
-    int n = 40000;
-    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
-    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
-    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
-    write_shard(path, tok, n, 20240520, 1);
-    free(tok);
+    learnable_train_dir("test_mhar");
     char base[1024];
     snprintf(base, sizeof(base), "./train_mhar -preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 "
              "-val_every 0 -j '' -i %s/train.bin", tmpdir);
@@ -1032,14 +1039,7 @@ static void check_gpu_trainer_binaries(void) {
         return;
     }
     char cmd[4096], path[512];
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_gpu_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
-    int n = 40000;
-    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
-    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
-    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
-    write_shard(path, tok, n, 20240520, 1);
-    free(tok);
+    learnable_train_dir("test_mhar_gpu");
     const char *flags = "-preset test -V 61 -r mhar -H 2 -S 2 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -j '' -n 20 -ckpt_every 10";
     const char *bins[4] = {"./train_mhar_cu", "./train_mhar_cu", "./train_mhar_cu_fp32", "./train_mhar"};
     const char *dirs[4] = {"bf16a", "bf16b", "fp32", "cpu"};
@@ -1141,14 +1141,7 @@ static void check_gpu_delta_identity(const GpuPrecision *P, int H, int S) {
 // loss (9 digits); the fp32 GPU delta run follows the CPU trainer's for 6 steps (-lr_new 0.5).
 static void check_gpu_delta_binaries(void) {
     char cmd[4096], path[512], base[1024];
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_gpu_delta_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
-    int n = 40000;
-    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
-    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
-    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
-    write_shard(path, tok, n, 20240520, 1);
-    free(tok);
+    learnable_train_dir("test_mhar_gpu_delta");
     snprintf(base, sizeof(base), "-preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -val_every 0 -j '' "
              "-i %s/train.bin", tmpdir);
     snprintf(cmd, sizeof(cmd), "./train_mhar %s -r std -n 10 -o %s/s", base, tmpdir);

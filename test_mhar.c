@@ -743,6 +743,14 @@ static void check_delta_binary(void) {
     check(same, "trainer: a delta run resumed at step 3 reproduces steps 4-6 bit for bit (last %s vs %s)",
           nd == 6 ? ld[5] : "?", nr == 3 ? lr[2] : "?");
 
+    // the default S = 8 on this L = 2 model (S > 2L: no block completes, SPEC section 9)
+    snprintf(cmd, sizeof(cmd), "%s -r delta -n 2 -o %s/s8", base, tmpdir);
+    int rc5 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/s8/log.txt", tmpdir);
+    int n8 = read_losses(path, lr, 16);
+    check(rc5 == 0 && n8 == 2, "trainer: -r delta with its default S = 8 trains an L = 2 model (S > 2L: every site reads "
+          "the null and b_0): exit %d, %d losses", rc5, n8);
+
     // bad conversions
     struct { const char *what, *args, *expect; } bad[4];
     char a0[1024], a1[1024], a2[1024], a3[1024];

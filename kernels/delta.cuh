@@ -20,7 +20,7 @@
 // accumulates A, B and Gs over the rows of its block's partition; the block's eight
 // warps are summed in warp order into part (P, C + H + 1); delta_null_reduce_kernel sums
 // the P partitions in order and applies the formula above.
-// Include after the trainer's floatX, toF, warp_sum, ceil_div, red_rows_per_part and launchCheck.
+// Include after the trainer's floatX, toF, fromF, warp_sum, ceil_div, red_rows_per_part and launchCheck.
 #pragma once
 
 #define DELTA_NULL_HMAX 32    // routing heads (the trainer's routing kernels hold H <= 32 too)

@@ -40,6 +40,10 @@ train_mhar_asan: train_mhar.c $(HEADERS)
 dev/mhar_grads: dev/mhar_grads.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -DMHAR_REAL=double -I. -o $@ $< $(LDLIBS)
 
+# test_mhar's delta conversion check in float32, the trainer's precision
+dev/delta_identity: dev/delta_identity.c test_mhar.c train_mhar.c $(HEADERS)
+	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
+
 dev/route_probe: dev/route_probe.c train_mhar.c $(HEADERS)
 	$(CC) $(CFLAGS) -I. -o $@ $< $(LDLIBS)
 
@@ -58,11 +62,12 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 # (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), the
 # bad-input, divergence and checkpoint tests through the sanitizer build, the fuzz corpus, the
 # layout check (dev/check_layout.sh: no kernel or getenv in train_mhar.cu, no paths of the dev
-# machine), data-parallel training's host side (test_dist), and test_mhar last (its final line
-# is the summary).
+# machine), data-parallel training's host side (test_dist), delta's conversion identity in
+# float32 (dev/delta_identity), and test_mhar last (its final line is the summary).
 # what make test builds, compiled in parallel on every core before the tests run one by one
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-TEST_BINS = train_mhar test_mhar test_dist train_mhar_asan dev/mhar_grads dev/route_probe dev/loss_sensitivity $(FUZZ_BINS) \
+TEST_BINS = train_mhar test_mhar test_dist train_mhar_asan dev/mhar_grads dev/route_probe dev/loss_sensitivity \
+            dev/delta_identity $(FUZZ_BINS) \
             $(DATA_PREP_TEST_DEPS)
 test: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) $(TEST_BINS)
@@ -78,6 +83,7 @@ test: deps
 	$(MAKE) --no-print-directory fuzz-corpus
 	bash dev/check_layout.sh
 	./test_dist
+	./dev/delta_identity
 	./test_mhar
 
 deps:
@@ -95,7 +101,7 @@ quickstart: train_mhar
 	bash dev/quickstart.sh
 
 clean:
-	rm -f train_mhar test_mhar test_dist train_mhar_asan dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity $(FUZZ_BINS)
+	rm -f train_mhar test_mhar test_dist train_mhar_asan dev/mhar_grads dev/bench_matmul dev/route_probe dev/loss_sensitivity dev/delta_identity $(FUZZ_BINS)
 
 # ---------------------------------------------------------------------------
 # Fuzzing the readers of untrusted files with libFuzzer (clang; Debian's
@@ -194,10 +200,11 @@ train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
-LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual dev/cuda/hc
+LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual dev/cuda/hc dev/cuda/delta
 dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh $(HEADERS) $(KERNELS)
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 dev/cuda/hc: kernels/hc.cuh
+dev/cuda/delta: kernels/delta.cuh
 .PHONY: lab
 lab: $(LAB_BINS)
 

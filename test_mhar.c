@@ -58,6 +58,14 @@ static Config tiny_config_hc(int n) {
     return c;
 }
 
+// delta mode (SPEC section 9) on the tiny config with L blocks
+static Config delta_config(int L, int H, int S) {
+    Config c = tiny_config(RES_DELTA, H, S);
+    c.L = L;
+    config_finalize(&c, "test");
+    return c;
+}
+
 static void random_tokens(int *x, size_t n, int V, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) { x[i] = (int)(rng_u32(rng) % (uint32_t)V); }
 }
@@ -103,7 +111,7 @@ static void check_gradients(const char *name, Config cfg) {
     printf("  %-12s %-6s %12s %12s\n", name, "tensor", "dir rel err", "elem rel err");
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         size_t n = m.sizes[ti];
-        if (n == 0) { off += n; continue; }   // tensors of other modes: rq, rg in std mode, hc's outside hc
+        if (n == 0) { off += n; continue; }   // tensors of other modes: rq, rg in std mode, hc's outside hc, delta's outside delta
         real *p = m.params_mem + off, *g = grad + off;
         // along a random direction d: (L(p + eps d) - L(p - eps d)) / 2 eps == g . d
         double an = 0, dnorm = 0;
@@ -178,6 +186,35 @@ static void naive_route(double *out, double **srcs, int n, const real *q, const 
     }
 }
 
+// out (N, C) = sublayer j of the model on its input h (N, C): the model's own
+// functions (u, rstd: scratch)
+static void naive_sublayer(Model *m, int j, const real *h, real *u, real *rstd, real *out, int B, int T) {
+    size_t N = (size_t)B * T, C = m->cfg.C, l = j / 2;
+    rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
+    if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
+    else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+}
+
+// mean cross-entropy of the final norm of h_final (N, C) and the tied head, in
+// double with explicit loops; logits into logits_out (N, V) (u, rstd: scratch)
+static double naive_head(Model *m, const real *h, real *u, real *rstd, const int *tg, size_t N, double *logits_out) {
+    const Config *c = &m->cfg;
+    size_t C = c->C;
+    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
+    double loss = 0;
+    for (size_t n = 0; n < N; n++) {
+        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
+        for (int t = 0; t < c->V; t++) {
+            lg[t] = 0;
+            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
+            if (lg[t] > mx) { mx = lg[t]; }
+        }
+        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
+        loss += -(lg[tg[n]] - mx - log(z));
+    }
+    return loss;
+}
+
 // loss of the naive model (mhar mode only); logits into logits_out (N, V)
 static double naive_loss(Model *m, const int *in, const int *tg, int B, int T, int use_blocks, double *logits_out) {
     const Config *c = &m->cfg;
@@ -214,25 +251,50 @@ static double naive_loss(Model *m, const int *in, const int *tg, int B, int T, i
             for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)hd[k]; }
         }
         if (j == 2 * L) { break; }
-        size_t l = j / 2;
-        rmsnorm_forward(u, rstd, h, (j % 2 == 0 ? m->params.ln1w : m->params.ln2w) + l * C, N, (int)C);
-        if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
-        else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
+        naive_sublayer(m, (int)j, h, u, rstd, out, B, T);
         for (size_t k = 0; k < N * C; k++) { v[(j + 1) * N * C + k] = out[k]; }
     }
-    rmsnorm_forward(u, rstd, h, m->params.lnfw, N, (int)C);
-    double loss = 0;
-    for (size_t n = 0; n < N; n++) {
-        double mx = -1e300, z = 0, *lg = logits_out + n * c->V;
-        for (int t = 0; t < c->V; t++) {
-            lg[t] = 0;
-            for (size_t k = 0; k < C; k++) { lg[t] += u[n * C + k] * m->params.wte[(size_t)t * C + k]; }
-            if (lg[t] > mx) { mx = lg[t]; }
-        }
-        for (int t = 0; t < c->V; t++) { z += exp(lg[t] - mx); }
-        loss += -(lg[tg[n]] - mx - log(z));
-    }
+    double loss = naive_head(m, h, u, rstd, tg, N, logits_out);
     free(v); free(h); free(u); free(rstd); free(out); free(blocks);
+    return loss / N;
+}
+
+// delta mode (SPEC section 9) taken literally: the std stream x_j, block sources
+// as differences of the stream, b_k = x_{kS} - x_{(k-1)S} (the model sums the
+// block's outputs instead), the null source n_j, h_j = x_j + alpha_j mix_j.
+static double naive_delta_loss(Model *m, const int *in, const int *tg, int B, int T, double *logits_out) {
+    const Config *c = &m->cfg;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, S = c->S;
+    if (m->acts_mem == NULL) { model_alloc_acts(m, B, T); }
+    double *x = (double *)calloc_check((2 * L + 1) * N * C, sizeof(double));   // the stream x_0..x_2L
+    real *h = (real *)malloc_check(N * C * sizeof(real)), *u = (real *)malloc_check(N * C * sizeof(real));
+    real *rstd = (real *)malloc_check(N * sizeof(real)), *out = (real *)malloc_check(N * C * sizeof(real));
+    double *blocks = (double *)malloc_check((2 * L + 2) * C * sizeof(double)), null[1024];
+    double *srcs[1024];
+    for (size_t n = 0; n < N; n++) {
+        for (size_t k = 0; k < C; k++) { x[n * C + k] = m->params.wte[(size_t)in[n] * C + k]; }
+    }
+    for (size_t j = 0; j <= 2 * L; j++) {
+        for (size_t k = 0; k < C; k++) { null[k] = m->params.dnull[j * C + k]; }
+        for (size_t n = 0; n < N; n++) {
+            int ns = 0;
+            srcs[ns++] = null;
+            srcs[ns++] = x + n * C;                                   // b_0 = x_0
+            for (size_t b = 1; b <= j / S; b++) {                     // completed blocks
+                double *d = blocks + (b - 1) * C;
+                for (size_t k = 0; k < C; k++) { d[k] = x[(b * S * N + n) * C + k] - x[((b - 1) * S * N + n) * C + k]; }
+                srcs[ns++] = d;
+            }
+            double mix[1024];
+            naive_route(mix, srcs, ns, m->params.rq + j * C, m->params.rg + j * C, (int)C, c->H);
+            for (size_t k = 0; k < C; k++) { h[n * C + k] = (real)(x[(j * N + n) * C + k] + m->params.dalpha[j] * mix[k]); }
+        }
+        if (j == 2 * L) { break; }
+        naive_sublayer(m, (int)j, h, u, rstd, out, B, T);
+        for (size_t k = 0; k < N * C; k++) { x[(j + 1) * N * C + k] = x[j * N * C + k] + out[k]; }
+    }
+    double loss = naive_head(m, h, u, rstd, tg, N, logits_out);
+    free(x); free(h); free(u); free(rstd); free(out); free(blocks);
     return loss / N;
 }
 
@@ -247,7 +309,7 @@ static void check_naive(const char *name, Config cfg) {
     random_tokens(in, N, cfg.V, &rng);
     random_tokens(tg, N, cfg.V, &rng);
     double *nl = (double *)malloc_check(N * cfg.V * sizeof(double));
-    double naive = naive_loss(&m, in, tg, B, T, 1, nl);
+    double naive = cfg.mode == RES_DELTA ? naive_delta_loss(&m, in, tg, B, T, nl) : naive_loss(&m, in, tg, B, T, 1, nl);
     model_forward(&m, in, tg, B, T, 0);
     double worst = 0;
     for (size_t i = 0; i < N * cfg.V; i++) {
@@ -257,7 +319,7 @@ static void check_naive(const char *name, Config cfg) {
     // both in double, different summation orders: agreement to ~1e-14
     check(fabs(m.loss - naive) < 1e-10 && worst < 1e-10,
           "%s equals the naive model from SPEC: loss %.12f vs %.12f, worst logit error %.1e", name, m.loss, naive, worst);
-    if (cfg.S == 1) {
+    if (cfg.S == 1 && cfg.mode == RES_MHAR) {
         double *fl = (double *)malloc_check(N * cfg.V * sizeof(double));
         double full = naive_loss(&m, in, tg, B, T, 0, fl);
         check(fabs(full - naive) < 1e-12, "%s: block sources with S=1 equal full-mode sources (loss %.12f vs %.12f)",
@@ -266,6 +328,89 @@ static void check_naive(const char *name, Config cfg) {
     }
     free(nl); free(in); free(tg);
     model_free(&m);
+}
+
+// SPEC section 9's conversion, through the trainers' path (a std checkpoint
+// loaded with CkptInfo.convert, as -init_from does): a std model, moved off its
+// init and trained two AdamW steps, saved with its optimizer state; a delta
+// model of the same shape (another seed) loads it. Then on one batch: the
+// logits and the loss equal the std model's bit for bit (memcmp: alpha = 0 makes
+// h_j = x_j + 0 * mix_j = x_j); the new parameters sit at their init and AdamW
+// state is empty; in the backward every std tensor's gradient equals the std
+// model's, q, gamma and null get exactly zero, and each site's alpha a non-zero
+// gradient (dalpha_j = sum dh_j . mix_j, the only new gradient at step 0).
+static void check_delta_conversion(const char *name, int H, int S) {
+    Config cs = tiny_config(RES_STD, 1, 1), cd = tiny_config(RES_DELTA, H, S);
+    int B = 2, T = cs.T;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 31;
+    int *in = (int *)malloc_check(N * sizeof(int)), *tg = (int *)malloc_check(N * sizeof(int));
+    Model ms, md;
+    model_build(&ms, &cs, 3, 0.02f);
+    model_randomize(&ms, 303);
+    for (int step = 1; step <= 2; step++) {
+        random_tokens(in, N, cs.V, &rng);
+        random_tokens(tg, N, cs.V, &rng);
+        model_zero_grad(&ms);
+        model_forward(&ms, in, tg, B, T, 0);
+        model_backward(&ms, (real)(1.0 / N));
+        adamw_update(&ms, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step);
+    }
+    char path[256];
+    snprintf(path, sizeof(path), "/tmp/test_mhar_delta_%d.bin", (int)getpid());
+    CkptInfo info;
+    memset(&info, 0, sizeof(info));
+    info.content = CKPT_TRAIN; info.step = 2; info.elem = 4;
+    model_save(&ms, path, info);
+    // the std model as the file holds it (float32), so both sides compute from the same values
+    memset(&info, 0, sizeof(info));
+    model_load(&ms, path, &info);
+    model_build(&md, &cd, 4, 0.02f);
+    memset(&info, 0, sizeof(info));
+    info.convert = 1;
+    model_load(&md, path, &info);
+    remove(path);
+    int init_ok = md.adam_m == NULL && md.adam_v == NULL;
+    for (size_t i = 0; i < md.sizes[P_RQ]; i++) {
+        init_ok = init_ok && md.params.rq[i] == 0 && md.params.rg[i] == 1 && md.params.dnull[i] == 0;
+    }
+    for (size_t i = 0; i < md.sizes[P_DALPHA]; i++) { init_ok = init_ok && md.params.dalpha[i] == 0; }
+    size_t front = 0;
+    for (int ti = 0; ti < P_RQ; ti++) { front += md.sizes[ti]; }
+    init_ok = init_ok && front == ms.nparams && memcmp(md.params_mem, ms.params_mem, front * sizeof(real)) == 0;
+    check(init_ok, "%s: conversion takes the std weights (%zu values), q=0 gamma=1 null=0 alpha=0, no AdamW state",
+          name, front);
+
+    random_tokens(in, N, cs.V, &rng);
+    random_tokens(tg, N, cs.V, &rng);
+    model_zero_grad(&ms);
+    model_zero_grad(&md);
+    model_forward(&ms, in, tg, B, T, 0);
+    model_forward(&md, in, tg, B, T, 0);
+    int same_logits = memcmp(ms.acts.logits, md.acts.logits, N * cs.V * sizeof(real)) == 0;
+    int same_loss = memcmp(&ms.loss, &md.loss, sizeof(real)) == 0;
+    check(same_logits && same_loss, "%s (%s): converted model's logits (%zu values) and loss equal the std model's "
+          "bit for bit (memcmp): loss %.17g vs %.17g", name, sizeof(real) == 8 ? "float64" : "float32",
+          N * cs.V, (double)md.loss, (double)ms.loss);
+    model_backward(&ms, (real)(1.0 / N));
+    model_backward(&md, (real)(1.0 / N));
+    size_t std_diff = 0, new_nonzero = 0, alpha_zero = 0;
+    for (size_t i = 0; i < front; i++) { std_diff += md.grads_mem[i] != ms.grads_mem[i]; }
+    for (size_t i = 0; i < md.sizes[P_RQ]; i++) {
+        new_nonzero += (md.grads.rq[i] != 0) + (md.grads.rg[i] != 0) + (md.grads.dnull[i] != 0);
+    }
+    double amin = INFINITY;
+    for (size_t i = 0; i < md.sizes[P_DALPHA]; i++) {
+        alpha_zero += md.grads.dalpha[i] == 0;
+        amin = fmin(amin, fabs(md.grads.dalpha[i]));
+    }
+    check(std_diff == 0 && new_nonzero == 0 && alpha_zero == 0,
+          "%s (%s): at conversion the std gradients equal the std model's (%zu differ), q/gamma/null gradients are "
+          "exactly 0 (%zu non-zero), every site's alpha gradient is non-zero (min |dalpha| %.2e, %zu zero)",
+          name, sizeof(real) == 8 ? "float64" : "float32", std_diff, new_nonzero, amin, alpha_zero);
+    free(in); free(tg);
+    model_free(&ms);
+    model_free(&md);
 }
 
 // Zero queries give every source the same score: out is the plain average.
@@ -398,6 +543,20 @@ static void check_train_resume(const char *name, const char *base, const char *d
           nb, na == 40 ? la[39] : "?", nb == 20 ? lb[19] : "?");
 }
 
+// A fresh temporary directory in tmpdir (/tmp/PREFIX_XXXXXX) holding train.bin: the
+// learnable sequence of check_trainer_binary, 40,000 tokens, vocab 61.
+static void learnable_train_dir(const char *prefix) {
+    char path[512];
+    snprintf(tmpdir, sizeof(tmpdir), "/tmp/%s_XXXXXX", prefix);
+    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
+    int n = 40000;
+    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
+    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
+    write_shard(path, tok, n, 20240520, 1);
+    free(tok);
+}
+
 static void check_trainer_binary(void) {
     char cmd[4096], err[4096], path[512];
     snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_XXXXXX");
@@ -506,6 +665,114 @@ static void check_trainer_binary(void) {
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
 
+// The float32 parameters of a checkpoint written by the trainer (n of them into p); returns its config.
+static Config read_ckpt_params(const char *path, float *p, size_t n) {
+    Config c;
+    CkptInfo info;
+    FILE *f = ckpt_open_read(path, &c, &info);
+    if (info.elem != 4 || param_count(&c) != n) { die("%s: %zu float32 parameters expected", path, n); }
+    fread_check(p, sizeof(float), n, f, path);
+    fclose(f);
+    return c;
+}
+
+// delta through the float32 trainer binary: a std run of 10 steps, saved;
+// the control (the std run resumed for step 11) and the converted run
+// (-init_from, -r delta) see the same batch first, and their first losses
+// agree exactly (the log's 9 digits round-trip a float32); the new parameters:
+// with -lr_new 0 they stay at their init, with the default only they and the
+// std weights move; a delta run resumes bit for bit; bad conversions fail with
+// one line naming the file and the reason.
+static void check_delta_binary(void) {
+    char cmd[4096], err[4096], path[512];
+    learnable_train_dir("test_mhar");
+    char base[1024];
+    snprintf(base, sizeof(base), "./train_mhar -preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 "
+             "-val_every 0 -j '' -i %s/train.bin", tmpdir);
+    snprintf(cmd, sizeof(cmd), "%s -r std -n 10 -o %s/s", base, tmpdir);
+    int rc0 = run_cmd(cmd, err, sizeof(err));
+    snprintf(cmd, sizeof(cmd), "%s -r std -n 11 -o %s/c -resume %s/s/ckpt_000010.bin", base, tmpdir, tmpdir);
+    int rc1 = run_cmd(cmd, err, sizeof(err));
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 6 -ckpt_every 3 -o %s/d -init_from %s/s/ckpt_000010.bin",
+             base, tmpdir, tmpdir);
+    int rc2 = run_cmd(cmd, err, sizeof(err));
+    char lc[16][32], ld[16][32], lr[16][32];
+    snprintf(path, sizeof(path), "%s/c/log.txt", tmpdir);
+    int nc = read_losses(path, lc, 16);
+    snprintf(path, sizeof(path), "%s/d/log.txt", tmpdir);
+    int nd = read_losses(path, ld, 16);
+    check(rc0 == 0 && rc1 == 0 && rc2 == 0 && nc == 1 && nd == 6 && strcmp(lc[0], ld[0]) == 0,
+          "trainer: the first loss after -init_from equals the std model's on the same batch (control step 11: %s, "
+          "delta step 1: %s)", nc == 1 ? lc[0] : "?", nd >= 1 ? ld[0] : "?");
+
+    // the new parameters: init after -lr_new 0 (no weight decay on them either), moved with -lr_new 1
+    Config cd = tiny_config(RES_DELTA, 2, 2);
+    cd.L = 2; cd.C = 32; cd.NH = 4; cd.NKV = 2; cd.F = 48; cd.T = 16; cd.V = 61;
+    config_finalize(&cd, "test");
+    size_t np = param_count(&cd), sizes[NUM_PARAM_TENSORS], front = 0;
+    param_sizes(&cd, sizes);
+    for (int ti = 0; ti < P_RQ; ti++) { front += sizes[ti]; }
+    float *p0 = (float *)malloc_check(np * sizeof(float)), *p1 = (float *)malloc_check(np * sizeof(float));
+    float *pi = (float *)malloc_check(np * sizeof(float));
+    params_init(pi, &cd, 1, 0.02f);
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 3 -lr_new 0 -o %s/z -init_from %s/s/ckpt_000010.bin",
+             base, tmpdir, tmpdir);
+    int rc3 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/z/ckpt_000003.bin", tmpdir);
+    int have = rc3 == 0 && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p0, np); }
+    snprintf(path, sizeof(path), "%s/d/ckpt_000003.bin", tmpdir);
+    have = have && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p1, np); }
+    int frozen = have && memcmp(p0 + front, pi + front, (np - front) * sizeof(float)) == 0;
+    size_t moved_new = 0, moved_std = 0;
+    for (size_t i = front; have && i < np; i++) { moved_new += p1[i] != pi[i]; }
+    for (size_t i = 0; have && i < front; i++) { moved_std += p0[i] != p1[i]; }
+    size_t alpha0 = np - sizes[P_DALPHA];
+    check(frozen && moved_new > 0 && moved_std > 0 && p1[alpha0] != 0,
+          "trainer: -lr_new 0 keeps q, gamma, null, alpha at their init (%s); with -lr_new 1 %zu of %zu new values move "
+          "(alpha_0 = %.3g after 3 steps)", frozen ? "yes" : "no", moved_new, np - front, have ? p1[alpha0] : 0.0);
+    free(p0); free(p1); free(pi);
+
+    // a delta run resumes bit for bit
+    snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 6 -o %s/r -resume %s/d/ckpt_000003.bin", base, tmpdir, tmpdir);
+    int rc4 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/r/log.txt", tmpdir);
+    int nr = read_losses(path, lr, 16), same = rc4 == 0 && nr == 3 && nd == 6;
+    for (int i = 0; same && i < 3; i++) { same = strcmp(ld[3 + i], lr[i]) == 0; }
+    check(same, "trainer: a delta run resumed at step 3 reproduces steps 4-6 bit for bit (last %s vs %s)",
+          nd == 6 ? ld[5] : "?", nr == 3 ? lr[2] : "?");
+
+    // the default S = 8 on this L = 2 model (S > 2L: no block completes, SPEC section 9)
+    snprintf(cmd, sizeof(cmd), "%s -r delta -n 2 -o %s/s8", base, tmpdir);
+    int rc5 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/s8/log.txt", tmpdir);
+    int n8 = read_losses(path, lr, 16);
+    check(rc5 == 0 && n8 == 2, "trainer: -r delta with its default S = 8 trains an L = 2 model (S > 2L: every site reads "
+          "the null and b_0): exit %d, %d losses", rc5, n8);
+
+    // bad conversions
+    struct { const char *what, *args, *expect; } bad[4];
+    char a0[1024], a1[1024], a2[1024], a3[1024];
+    snprintf(a0, sizeof(a0), "-r delta -H 2 -init_from %s/d/ckpt_000003.bin", tmpdir);
+    snprintf(a1, sizeof(a1), "-r delta -H 2 -L 3 -init_from %s/s/ckpt_000010.bin", tmpdir);
+    snprintf(a2, sizeof(a2), "-r mhar -H 2 -init_from %s/s/ckpt_000010.bin", tmpdir);
+    snprintf(a3, sizeof(a3), "-r delta -H 2 -init_from %s/s/ckpt_000010.bin -resume %s/d/ckpt_000003.bin", tmpdir, tmpdir);
+    bad[0].what = "converting a delta checkpoint"; bad[0].args = a0; bad[0].expect = "is a delta checkpoint (residual mode 3)";
+    bad[1].what = "converting another shape"; bad[1].args = a1; bad[1].expect = "saved with L=2 but this run has L=3";
+    bad[2].what = "-init_from without -r delta"; bad[2].args = a2; bad[2].expect = "add -r delta";
+    bad[3].what = "-init_from with -resume"; bad[3].args = a3; bad[3].expect = "both given";
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof(cmd), "%s -n 1 %s", base, bad[i].args);
+        int rc = run_cmd(cmd, err, sizeof(err));
+        char *nl = strchr(err, '\n');
+        check(rc != 0 && strstr(err, bad[i].expect) != NULL && count_lines(err) == 1,
+              "bad input (%s): exit %d, \"%.*s\"", bad[i].what, rc, nl ? (int)(nl - err) : (int)strlen(err), err);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
 // Why this machine cannot run the GPU checks, in plain words, or NULL when it
 // may: no NVIDIA device node means no GPU (or none given to this container).
 static const char *gpu_absent_why(void) {
@@ -603,6 +870,13 @@ static Config gpu_layout_config(int C, int H) { return gpu_layout_config_L(C, H,
 static Config gpu_hc_config(Config c, int n) {
     c.mode = RES_HC; c.n = n;
     config_finalize(&c, "gpu hc test");
+    return c;
+}
+
+// delta mode (SPEC section 9) on a config above, blocks of S sublayers
+static Config gpu_delta_config(Config c, int H, int S) {
+    c.mode = RES_DELTA; c.H = H; c.S = S;
+    config_finalize(&c, "gpu delta test");
     return c;
 }
 
@@ -787,14 +1061,7 @@ static void check_gpu_trainer_binaries(const char *mode) {
         return;
     }
     char cmd[4096], path[512];
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_mhar_gpu_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) { die("cannot create a temporary directory: %s", strerror(errno)); }
-    int n = 40000;
-    uint16_t *tok = (uint16_t *)malloc_check(n * sizeof(uint16_t));
-    for (int i = 0; i < n; i++) { tok[i] = (uint16_t)(i % 64 == 0 ? 60 : (i * 7) % 17 + 1); }
-    snprintf(path, sizeof(path), "%s/train.bin", tmpdir);
-    write_shard(path, tok, n, 20240520, 1);
-    free(tok);
+    learnable_train_dir("test_mhar_gpu");
     char flags[512];
     snprintf(flags, sizeof(flags), "-preset test -V 61 %s -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -j '' -n 20 "
              "-ckpt_every 10", mode);
@@ -839,6 +1106,96 @@ static void check_gpu_trainer_binaries(const char *mode) {
     }
     check(rc == 0 && worst < 1e-5, "checkpoints cross over (%s): GPU fp32 resumed from the CPU's step 10 and CPU from the "
           "GPU's continue like the runs that saved them (worst rel %.1e)", mode, worst);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
+}
+
+// delta's conversion on the GPU (SPEC section 9), in precision P: a std model with
+// moderate random parameters (gpu_test_params) and the same weights converted to a
+// delta model (the new parameters at their init: q 0, gamma 1, null 0, alpha 0) give
+// the same logits and loss bit for bit (memcmp): at alpha = 0 the gated norm computes
+// std's y = x_j + 0 and then std's own kernel body (kernels/rmsnorm.cuh, GATED), site 0
+// std's rmsnorm_forward. The gradients of q, gamma and the null are exactly 0 (G_j =
+// alpha_j dh_j = 0 and the null's q gamma = 0) and every alpha_j's is non-zero.
+static void check_gpu_delta_identity(const GpuPrecision *P, int H, int S) {
+    Config cs = gpu_test_config(RES_STD, 1, 1), cd = gpu_test_config(RES_DELTA, H, S);
+    int B = 2, T = cs.T;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 77;
+    int *in, *tg;
+    float *ps;
+    Model m;
+    gpu_test_inputs(&cs, &rng, &in, &tg, &m, &ps);
+    size_t ns = param_count(&cs), nd = param_count(&cd), sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS + 1];
+    param_sizes(&cd, sizes);
+    off[0] = 0;
+    for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) { off[ti + 1] = off[ti] + sizes[ti]; }
+    float *pd = (float *)malloc_check(nd * sizeof(float));
+    params_init(pd, &cd, 42, 0.02f);
+    memcpy(pd, ps, ns * sizeof(float));   // the std tensors come first (config.h's order)
+    float *ls = (float *)malloc_check(N * cs.V * sizeof(float)), *ld = (float *)malloc_check(N * cs.V * sizeof(float));
+    float *gs = (float *)malloc_check(ns * sizeof(float)), *gd = (float *)malloc_check(nd * sizeof(float));
+    void *g = P->create(&cs, ps, B, T);
+    double loss_s = P->forward_backward(g, in, tg, B, T, ls, gs);
+    P->free(g);
+    g = P->create(&cd, pd, B, T);
+    double loss_d = P->forward_backward(g, in, tg, B, T, ld, gd);
+    P->free(g);
+    double dlog = 0;
+    for (size_t i = 0; i < N * cs.V; i++) { dlog = max_nan(dlog, fabs((double)ls[i] - (double)ld[i])); }
+    int same = memcmp(ls, ld, N * cs.V * sizeof(float)) == 0 && loss_s == loss_d;
+    size_t nonzero = 0, alpha_zero = 0;
+    for (size_t i = off[P_RQ]; i < off[P_RG + 1]; i++) { nonzero += gd[i] != 0; }
+    for (size_t i = off[P_DNULL]; i < off[P_DNULL + 1]; i++) { nonzero += gd[i] != 0; }
+    for (size_t i = off[P_DALPHA]; i < off[P_DALPHA + 1]; i++) { alpha_zero += !(gd[i] != 0); }   // (NaN: counted)
+    double gstd = 0;   // the std tensors' gradients, for the report (the backward's order of sums differs)
+    for (size_t i = 0; i < ns; i++) { gstd = max_nan(gstd, fabs((double)gs[i] - (double)gd[i])); }
+    check(same && nonzero == 0 && alpha_zero == 0,
+          "GPU %s delta H=%d S=%d at conversion: logits and loss bit-identical to the std model's (%s; loss %.9g vs "
+          "%.9g, max |dlogit| %.2e), q/gamma/null gradients exactly 0 (%zu non-zero), every alpha gradient non-zero "
+          "(%zu zero of %zu); std gradients max |diff| %.2e", P->name, H, S, same ? "yes" : "NO", loss_d, loss_s, dlog,
+          nonzero, alpha_zero, sizes[P_DALPHA], gstd);
+    model_free(&m);
+    free(ps); free(pd); free(ls); free(ld); free(gs); free(gd); free(in); free(tg);
+}
+
+// delta through the GPU trainer binaries (-init_from in the shared train loop): a std run of
+// the CPU trainer saves step 10; from it, in each GPU precision, the std control (resumed for
+// step 11) and the converted run (-r delta) see the same batch first and log the same first
+// loss (9 digits); the fp32 GPU delta run follows the CPU trainer's for 6 steps (-lr_new 0.5).
+static void check_gpu_delta_binaries(void) {
+    char cmd[4096], path[512], base[1024];
+    learnable_train_dir("test_mhar_gpu_delta");
+    snprintf(base, sizeof(base), "-preset test -V 61 -b 4 -lr 1e-2 -warmup 5 -sample_every 0 -val_every 0 -j '' "
+             "-i %s/train.bin", tmpdir);
+    snprintf(cmd, sizeof(cmd), "./train_mhar %s -r std -n 10 -o %s/s", base, tmpdir);
+    int rc = run_cmd(cmd, NULL, 0);
+    const char *bins[3] = {"./train_mhar_cu_fp32", "./train_mhar_cu", "./train_mhar"};
+    char l[3][2][16][32];   // [binary][control, delta][step]
+    int nl[3][2];
+    for (int b = 0; b < 3; b++) {
+        snprintf(cmd, sizeof(cmd), "%s %s -r std -n 11 -o %s/c%d -resume %s/s/ckpt_000010.bin", bins[b], base, tmpdir,
+                 b, tmpdir);
+        rc |= run_cmd(cmd, NULL, 0);
+        snprintf(cmd, sizeof(cmd), "%s %s -r delta -H 2 -S 2 -n 6 -lr_new 0.5 -o %s/d%d -init_from %s/s/ckpt_000010.bin",
+                 bins[b], base, tmpdir, b, tmpdir);
+        rc |= run_cmd(cmd, NULL, 0);
+        snprintf(path, sizeof(path), "%s/c%d/log.txt", tmpdir, b);
+        nl[b][0] = read_losses(path, l[b][0], 16);
+        snprintf(path, sizeof(path), "%s/d%d/log.txt", tmpdir, b);
+        nl[b][1] = read_losses(path, l[b][1], 16);
+    }
+    for (int b = 0; b < 2; b++) {
+        int ok = rc == 0 && nl[b][0] == 1 && nl[b][1] == 6 && strcmp(l[b][0][0], l[b][1][0]) == 0;
+        check(ok, "GPU %s trainer: the first loss after -init_from equals the std control's (step 11: %s, delta step 1: "
+              "%s)", b == 0 ? "fp32" : "bf16", nl[b][0] == 1 ? l[b][0][0] : "?", nl[b][1] >= 1 ? l[b][1][0] : "?");
+    }
+    double worst = nl[0][1] == 6 && nl[2][1] == 6 ? 0 : 1;
+    for (int i = 0; i < 6 && worst < 1; i++) {
+        worst = max_nan(worst, fabs(atof(l[0][1][i]) - atof(l[2][1][i])) / fabs(atof(l[2][1][i])));
+    }
+    check(rc == 0 && worst < 1e-5, "GPU fp32 delta run (-init_from, -lr_new 0.5) follows the CPU trainer's for 6 steps "
+          "(loss %s vs %s, worst rel %.1e)", nl[0][1] == 6 ? l[0][1][5] : "?", nl[2][1] == 6 ? l[2][1][5] : "?", worst);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
     if (system(cmd) != 0) { printf("note: could not remove %s\n", tmpdir); }
 }
@@ -967,14 +1324,24 @@ static void check_gpu(void) {
         // bf16, so bf16 gets 4x the layout tolerances here; its training steps (from the 0.02
         // initialisation) keep theirs.
         {"C=256 L=17", gpu_layout_config_L(256, 1, 17), 0, 2, 0, 1},
+        // delta (SPEC section 9): tiny, blocks of 2 (3 whole blocks) and of 4 (one whole, one
+        // trailing partial), and the 100M layout C=512 H=8 with blocks of 2 (L = 2: 2 blocks)
+        {"delta H=2 S=2", gpu_test_config(RES_DELTA, 2, 2), 1, 10, 0, 0},
+        {"delta H=4 S=4", gpu_test_config(RES_DELTA, 4, 4), 1, 10, 0, 0},
+        {"delta C=512 H=8 S=2", gpu_delta_config(gpu_layout_config(512, 8), 8, 2), 0, 2, 0, 0},
     };
     const int ncases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int p = 0; p < 2; p++) {
         for (int k = 0; k < ncases; k++) { check_gpu_case(&cases[k], precs, flash, p, quick, ""); }
     }
     if (!quick) {
+        for (int p = 0; p < 2; p++) {
+            check_gpu_delta_identity(&precs[p], 2, 2);
+            check_gpu_delta_identity(&precs[p], 4, 4);
+        }
         check_gpu_trainer_binaries("-r mhar -H 2 -S 2");
         check_gpu_trainer_binaries("-r hc -hc_n 4");
+        check_gpu_delta_binaries();
     }
 }
 #endif
@@ -989,6 +1356,12 @@ int main(void) {
     check_gradients("block S=2", tiny_config(RES_MHAR, 2, 2));
     check_gradients("block S=3", tiny_config(RES_MHAR, 4, 3));
     check_gradients("block S=4", tiny_config(RES_MHAR, 4, 4));
+    // delta (SPEC section 9), moved off the init (alpha, null, queries non-zero); the last block
+    // partial (2L % S != 0) where S = 3 and S = 4
+    check_gradients("delta L=2 H=1 S=3", delta_config(2, 1, 3));
+    check_gradients("delta L=3 H=4 S=4", delta_config(3, 4, 4));
+    check_gradients("delta L=3 H=2 S=2", delta_config(3, 2, 2));
+    check_gradients("delta L=2 H=2 S=1", delta_config(2, 2, 1));
     check_gradients("hc n=2", tiny_config_hc(2));
     check_gradients("hc n=4", tiny_config_hc(4));
 
@@ -997,11 +1370,18 @@ int main(void) {
     check_naive("mhar H=4", tiny_config(RES_MHAR, 4, 1));
     check_naive("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
     check_naive("block S=3 H=1", tiny_config(RES_MHAR, 1, 3));
+    check_naive("delta L=3 H=2 S=2 (blocks as stream differences)", delta_config(3, 2, 2));
+    check_naive("delta L=3 H=4 S=4 (blocks as stream differences)", delta_config(3, 4, 4));
     check_zero_query_average();
     check_helpers();
 
+    printf("== 2b. delta: conversion of a std model (SPEC section 9) ==\n");
+    check_delta_conversion("delta H=2 S=2", 2, 2);
+    check_delta_conversion("delta H=4 S=3", 4, 3);
+
     printf("== 3. the float32 trainer binary ==\n");
     check_trainer_binary();
+    check_delta_binary();
 
 #ifdef MHAR_GPU
     check_gpu();

@@ -655,6 +655,65 @@ void hc_update_backward(real *dX, real *dout, real *dA, real *dbeta, const real 
 }
 
 // ----------------------------------------------------------------------------
+// Delta AttnRes (SPEC section 9): std's residual stream x_j is kept, and each
+// routing site adds a gated routed mix to it,
+//   mix_j = route_j([n_j, b_0, b_1 .. b_m]),   h_j = x_j + alpha_j * mix_j
+// with the routing above over slots (config.h: slot J = 2L+1 holds the null
+// source n_j of the site being routed, broadcast to every position; slot J+k
+// the block sum b_k; b_0 = x_0 is slot 0). With alpha_j = 0, h_j = x_j + 0 is
+// x_j bit for bit, so a converted std model computes exactly what it did.
+
+// out (N, C) = the null source n (C) at every position, so that route_forward
+// reads it like any other source
+void null_source_forward(real *out, const real *null, size_t N, int C) {
+    #pragma omp parallel for
+    for (size_t t = 0; t < N; t++) { memcpy(out + t * C, null, C * sizeof(real)); }
+}
+
+// dnull (C) += sum over positions of dout (N, C), the routing's dv of the
+// broadcast source. Serial over positions, so the order is fixed.
+void null_source_backward(real *dnull, const real *dout, size_t N, int C) {
+    // out[t][c] = null[c] for every t
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        real acc = 0;
+        for (size_t t = 0; t < N; t++) { acc += dout[t * C + c]; }
+        dnull[c] += acc;
+    }
+}
+
+// h (N*C) = x + alpha * mix: site j's input, from the stream x_j, its routed
+// mix and its gate alpha (a scalar)
+void delta_gate_forward(real *h, const real *x, const real *mix, real alpha, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) { h[i] = x[i] + alpha * mix[i]; }
+}
+
+// dx (N*C) += dh;  dmix (N*C) += alpha dh;  *dalpha += sum_i dh[i] mix[i]
+// (the sum in fixed chunks added in order: the same bits for any thread count)
+#define GATE_CHUNK 4096
+void delta_gate_backward(real *dx, real *dmix, real *dalpha, const real *dh, const real *mix, real alpha, size_t n) {
+    // h = x + alpha * mix
+    size_t nchunks = (n + GATE_CHUNK - 1) / GATE_CHUNK;
+    double *part = (double *)calloc_check(nchunks, sizeof(double));
+    #pragma omp parallel for
+    for (size_t ci = 0; ci < nchunks; ci++) {
+        size_t end = (ci + 1) * GATE_CHUNK < n ? (ci + 1) * GATE_CHUNK : n;
+        double acc = 0;
+        for (size_t i = ci * GATE_CHUNK; i < end; i++) {
+            dx[i] += dh[i];
+            dmix[i] += alpha * dh[i];
+            acc += (double)dh[i] * mix[i];
+        }
+        part[ci] = acc;
+    }
+    double total = 0;
+    for (size_t ci = 0; ci < nchunks; ci++) { total += part[ci]; }
+    *dalpha += (real)total;
+    free(part);
+}
+
+// ----------------------------------------------------------------------------
 // Classifier: softmax over the V real logits and cross-entropy with targets.
 
 // probs (N, V) = softmax(logits); losses (N) = -log probs[target]
@@ -686,27 +745,30 @@ void crossentropy_backward(real *dlogits, const real *probs, const int *targets,
 // Named views into one allocation, in checkpoint order (config.h's enum).
 typedef struct {
     real *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
-    real *hcalpha, *hca, *hcbeta;
+    real *hcalpha, *hca, *hcbeta, *dnull, *dalpha;
 } ParamTensors;
 
 static void point_params(ParamTensors *p, real *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
     real **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
                                       &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
-                                      &p->hcalpha, &p->hca, &p->hcbeta};
+                                      &p->hcalpha, &p->hca, &p->hcbeta, &p->dnull, &p->dalpha};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
 }
 
 // Forward activations kept for backward, in one allocation. N = B*T positions,
-// J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD, n hc streams.
-#define NUM_ACT_TENSORS 24
+// J = 2L+1 routing sites, NS = num_slots (J, or delta's J + 1 + blocks),
+// QD = NH*HD, KVD = NKV*HD, n hc streams.
+#define NUM_ACT_TENSORS 25
 typedef struct {
-    real *slots;    // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std),
+    real *slots;    // (NS, N, C) sources v_i / block sums (mhar), residual stream x_j (std, delta),
+                    //            then delta's null source and block sums b_k (config.h);
                     //            wte[token] then the sublayer outputs o_j (hc)
     real *hcx;      // (J, N, n, C)  hc streams before sublayer j; [2L] = the final streams (hc)
     real *hc_w;     // (J, n)     hc read weights softmax(alpha_j); [2L] = 1/n (hc)
-    real *slot_r;   // (J, N)     r_i of each slot (mhar)
-    real *route_a;  // routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar)
-    real *h;        // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar, hc; std reads slots)
+    real *slot_r;   // (NS, N)    r_i of each slot that is a routing source (mhar, delta)
+    real *route_a;  // routing weights: site j at offset pair_off[j]*N*H, shape (N, H, n_j) (mhar, delta)
+    real *h;        // (J, N, C)  site inputs h_j, h_final at j = 2L (mhar, hc, delta; std reads slots)
+    real *mix;      // (J, N, C)  delta: routed mixes mix_j
     real *ln;       // (J, N, C)  normalised sublayer inputs u_j; [2L] = final norm
     real *ln_rstd;  // (J, N)
     real *qr;       // (L, N, QD)  Wq u, before QK-norm
@@ -728,12 +790,14 @@ typedef struct {
 } Acts;
 
 // Backward scratch and gradients of activations, in one allocation.
-#define NUM_GRAD_ACT_TENSORS 16
+#define NUM_GRAD_ACT_TENSORS 18
 typedef struct {
-    real *dslots;   // (J, N, C)  gradient of every slot, accumulated over all the sites that read it
+    real *dslots;   // (NS, N, C)  gradient of every slot, accumulated over all the sites that read it
     real *dhcx;     // (N, n, C)  hc: gradient of the streams at the depth the backward has reached
     real *dhcx2;    // (N, n, C)  hc: the streams' gradient one sublayer down (swapped with dhcx)
-    real *dh;       // (N, C)  gradient of the routed input of the current site
+    real *dh;       // (N, C)  gradient of the input h_j of the current site
+    real *dmix;     // (N, C)  delta: gradient of the current site's routed mix
+    real *dsub;     // (N, C)  delta: gradient of the current sublayer's output (stream + block sum)
     real *dln;      // (N, C)  gradient of the normalised input u_j
     real *datty;    // (N, QD)
     real *dq, *dqn, *dqr;   // (N, QD)  grads of q after RoPE, after QK-norm, raw
@@ -757,6 +821,8 @@ typedef struct {
     size_t *pair_off;               // (J+1) routing pairs before site j
     int *inputs, *targets;          // the current batch (B, T)
     int B, T;                       // shape of the last forward
+    float lr_new;                   // delta: learning rate of the new parameters (param_is_new) as a
+                                    // multiple of the step's (-lr_new; 1 by default)
     real loss;                      // mean loss of the last forward with targets
     real ce_dloss;                  // the dloss with which the last forward already wrote dlogits over the
                                     // logits; 0: model_backward runs crossentropy_backward
@@ -773,6 +839,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     m->grads_mem = (real *)calloc_check(m->nparams, sizeof(real));
     point_params(&m->params, m->params_mem, m->sizes);
     point_params(&m->grads, m->grads_mem, m->sizes);
+    m->lr_new = 1.0f;
     float *init = (float *)malloc_check(m->nparams * sizeof(float));
     params_init(init, cfg, seed, init_std);
     for (size_t i = 0; i < m->nparams; i++) { m->params_mem[i] = init[i]; }
@@ -796,17 +863,17 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
 // Allocate activations for batches of up to B x T (once).
 static void model_alloc_acts(Model *m, int B, int T) {
     const Config *c = &m->cfg;
-    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F, NS = num_slots(c);
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
-    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
-    size_t pairs = mhar ? m->pair_off[J] : 0, hn = hc ? (size_t)c->n : 0;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA, routed = mhar || delta;
+    size_t pairs = routed ? m->pair_off[J] : 0, hn = hc ? (size_t)c->n : 0;
     size_t asz[NUM_ACT_TENSORS] = {
-        J * N * C, J * N * hn * C, J * hn,
-        mhar ? J * N : 0, pairs * N * c->H, mhar || hc ? J * N * C : 0, J * N * C, J * N,
+        NS * N * C, J * N * hn * C, J * hn,
+        routed ? NS * N : 0, pairs * N * c->H, routed || hc ? J * N * C : 0, delta ? J * N * C : 0, J * N * C, J * N,
         L * N * QD, L * N * KVD, L * N * QD, L * N * KVD, L * N * KVD, L * N * c->NH, L * N * c->NKV,
         L * B * c->NH * T * T, L * N * QD, L * N * F, L * N * F, L * N * F, N * C, N * c->V, N * c->V, N};
     real **aptr[NUM_ACT_TENSORS] = {
-        &m->acts.slots, &m->acts.hcx, &m->acts.hc_w, &m->acts.slot_r, &m->acts.route_a, &m->acts.h,
+        &m->acts.slots, &m->acts.hcx, &m->acts.hc_w, &m->acts.slot_r, &m->acts.route_a, &m->acts.h, &m->acts.mix,
         &m->acts.ln, &m->acts.ln_rstd,
         &m->acts.qr, &m->acts.kr, &m->acts.q, &m->acts.k, &m->acts.v, &m->acts.q_rstd, &m->acts.k_rstd,
         &m->acts.att, &m->acts.atty, &m->acts.mg, &m->acts.mu, &m->acts.mh, &m->acts.out, &m->acts.logits,
@@ -818,12 +885,12 @@ static void model_alloc_acts(Model *m, int B, int T) {
     for (int i = 0; i < NUM_ACT_TENSORS; i++) { *aptr[i] = p; p += asz[i]; }
 
     size_t gsz[NUM_GRAD_ACT_TENSORS] = {
-        J * N * C, N * hn * C, N * hn * C, N * C, N * C, N * QD, N * QD, N * QD, N * QD,
-        N * KVD, N * KVD, N * KVD, N * KVD,
+        NS * N * C, N * hn * C, N * hn * C, N * C, delta ? N * C : 0, delta ? N * C : 0, N * C,
+        N * QD, N * QD, N * QD, N * QD, N * KVD, N * KVD, N * KVD, N * KVD,
         N * F, N * F, N * F};
     real **gptr[NUM_GRAD_ACT_TENSORS] = {
-        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dln, &m->gacts.datty,
-        &m->gacts.dq, &m->gacts.dqn,
+        &m->gacts.dslots, &m->gacts.dhcx, &m->gacts.dhcx2, &m->gacts.dh, &m->gacts.dmix, &m->gacts.dsub,
+        &m->gacts.dln, &m->gacts.datty, &m->gacts.dq, &m->gacts.dqn,
         &m->gacts.dqr, &m->gacts.dk, &m->gacts.dkn, &m->gacts.dkr, &m->gacts.dv, &m->gacts.dmh,
         &m->gacts.dmg, &m->gacts.dmu};
     total = 0;
@@ -921,8 +988,17 @@ static void mlp_sublayer_backward(Model *m, int l, const real *u, const real *do
 #define DSLOT(j) (m->gacts.dslots + (size_t)(j) * N * C)
 #define HCX(j) (a->hcx + (size_t)(j) * N * c->n * C)
 
+// delta: write site j's null source n_j into slot J (config.h), with its r
+static void delta_null_slot(Model *m, int j, size_t N) {
+    Acts *a = &m->acts;
+    size_t C = m->cfg.C, J = 2 * (size_t)m->cfg.L + 1;
+    null_source_forward(SLOT(J), m->params.dnull + j * C, N, (int)C);
+    source_stat_forward(a->slot_r + J * N, SLOT(J), N, (int)C);
+}
+
 // The input of sublayer j (j = 2L: of the final norm). std: the residual
 // stream x_j = slot j. mhar: route_j over the slots of site j's sources.
+// delta: x_j + alpha_j * route_j([n_j, b_0, b_1 .. b_m]).
 // hc: the read of the streams before sublayer j with w_j = softmax(alpha_j);
 // the final read takes the mean, w = 1/n.
 static real *site_forward(Model *m, int j, size_t N) {
@@ -940,14 +1016,17 @@ static real *site_forward(Model *m, int j, size_t N) {
     int src[1024];
     int n = site_sources(c, j, src);
     real *hj = a->h + (size_t)j * N * C;
-    route_forward(hj, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
+    real *mix = c->mode == RES_DELTA ? a->mix + (size_t)j * N * C : hj;   // mhar: the mix is h_j
+    if (c->mode == RES_DELTA) { delta_null_slot(m, j, N); }
+    route_forward(mix, a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
                   m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+    if (c->mode == RES_DELTA) { delta_gate_forward(hj, SLOT(j), mix, m->params.dalpha[j], N * C); }
     return hj;
 }
 
 // Where the norm backward of site j adds the gradient of its input: straight
-// into dslot j (std), or into the scratch dh, cleared, for route_backward (mhar)
-// or hc_read_backward (hc).
+// into dslot j (std), or into the scratch dh, cleared, for site_backward (mhar
+// and delta: route_backward; hc: hc_read_backward).
 static real *site_dinput(Model *m, int j, size_t N) {
     size_t C = m->cfg.C;
     if (m->cfg.mode == RES_STD) { return DSLOT(j); }
@@ -955,9 +1034,12 @@ static real *site_dinput(Model *m, int j, size_t N) {
     return m->gacts.dh;
 }
 
+// Backward of site_forward, given dh_j in the scratch dh: into the slots'
+// gradients and the site's parameters.
 static void site_backward(Model *m, int j, size_t N) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
     size_t C = c->C;
     if (c->mode == RES_STD) { return; }
     if (c->mode == RES_HC) {   // into the streams' gradient dhcx; the final read's weights are fixed
@@ -969,9 +1051,23 @@ static void site_backward(Model *m, int j, size_t N) {
     }
     int src[1024];
     int n = site_sources(c, j, src);
-    route_backward(m->gacts.dslots, m->grads.rq + j * C, m->grads.rg + j * C, m->gacts.dh,
+    real *dmix = g->dh;   // mhar: h_j is the mix
+    size_t J = 2 * (size_t)c->L + 1;
+    if (c->mode == RES_DELTA) {
+        // h_j = x_j + alpha_j * mix_j: dx_j += dh_j into dslot j, where std's norm backward adds it
+        dmix = g->dmix;
+        memset(dmix, 0, N * C * sizeof(real));
+        delta_gate_backward(DSLOT(j), dmix, m->grads.dalpha + j, g->dh, a->mix + (size_t)j * N * C,
+                            m->params.dalpha[j], N * C);
+        delta_null_slot(m, j, N);   // slot J holds the null of the last site the forward routed
+        memset(DSLOT(J), 0, N * C * sizeof(real));
+    }
+    // mix_j = route_j(sources)
+    route_backward(g->dslots, m->grads.rq + j * C, m->grads.rg + j * C, dmix,
                    a->route_a + m->pair_off[j] * N * c->H, a->slots, a->slot_r, src, n,
                    m->params.rq + j * C, m->params.rg + j * C, N, c->C, c->H);
+    // slot J = n_j broadcast to every position
+    if (c->mode == RES_DELTA) { null_source_backward(m->grads.dnull + j * C, DSLOT(J), N, (int)C); }
 }
 
 // Forward pass on inputs (B, T). With targets, also the softmax, the per-position
@@ -992,12 +1088,12 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     m->ce_dloss = 0;
     Acts *a = &m->acts;
     ParamTensors *p = &m->params;
-    size_t N = (size_t)B * T, C = c->C, L = c->L;
-    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA;
     size_t hn = (size_t)c->n;
     memcpy(m->inputs, inputs, N * sizeof(int));
     encoder_forward(SLOT(0), inputs, p->wte, N, c->C);
-    if (mhar) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }
+    if (mhar || delta) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }   // v_0 = b_0 = x_0
     if (hc) { hc_expand_forward(HCX(0), SLOT(0), N, c->C, c->n); }
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
@@ -1012,6 +1108,15 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         // hc: slot j+1 is o_j alone (nothing chains); the streams take it in
         if (hc) {
             hc_update_forward(HCX(j + 1), HCX(j), SLOT(j + 1), p->hca + j * hn * hn, p->hcbeta + j * hn, N, c->C, c->n);
+        }
+        // delta: b_k (k = the block of sublayer j) as the running sum of its outputs. SPEC writes
+        // b_k = x_{kS} - x_{(k-1)S}, the same in exact arithmetic; the sum is exact where the
+        // difference of two large stream values cancels, and it is what block mode computes.
+        size_t k = delta ? j / S + 1 : 0;
+        if (delta && k <= (size_t)delta_blocks(c)) {
+            real *bk = SLOT(J + k);
+            residual_forward(bk, a->out, j % S != 0 ? bk : NULL, N * C);
+            if (j % S == S - 1) { source_stat_forward(a->slot_r + (J + k) * N, bk, N, c->C); }
         }
     }
     real *hf = site_forward(m, (int)(2 * L), N);
@@ -1043,9 +1148,9 @@ void model_backward(Model *m, real dloss) {
     GradActs *g = &m->gacts;
     ParamTensors *p = &m->params, *dp = &m->grads;
     int B = m->B, T = m->T;
-    size_t N = (size_t)B * T, C = c->C, L = c->L, hn = (size_t)c->n;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S, hn = (size_t)c->n;
     int hc = c->mode == RES_HC;
-    memset(g->dslots, 0, (2 * L + 1) * N * C * sizeof(real));
+    memset(g->dslots, 0, (size_t)num_slots(c) * N * C * sizeof(real));
     if (hc) { memset(g->dhcx, 0, N * hn * C * sizeof(real)); }
     // losses = crossentropy(softmax(logits)); logits = uf . wte[:V]^T
     real *dlogits = a->logits;   // the logits are spent: reuse their buffer
@@ -1077,6 +1182,13 @@ void model_backward(Model *m, real dloss) {
         if (slot_chains(c, (int)j)) {
             real *dprev = DSLOT(j);
             for (size_t i = 0; i < N * C; i++) { dprev[i] += dout[i]; }
+        }
+        // delta: out_j is also a term of its block's sum b_k (when the block is complete, a source):
+        // its gradient is dx_{j+1} + db_k (every site reading b_k has added into dslot J+k by now)
+        size_t k = c->mode == RES_DELTA ? j / S + 1 : 0;
+        if (c->mode == RES_DELTA && k <= (size_t)delta_blocks(c)) {
+            residual_forward(g->dsub, dout, DSLOT(J + k), N * C);
+            dout = g->dsub;
         }
         real *u = a->ln + j * N * C;
         memset(g->dln, 0, N * C * sizeof(real));
@@ -1133,6 +1245,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
     size_t off = 0;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         real decay = param_is_decayed(ti) ? wd : 0;
+        real lrt = param_is_new(&m->cfg, ti) ? lr * m->lr_new : lr;   // delta's new parameters: -lr_new
         #pragma omp parallel for
         for (size_t i = off; i < off + m->sizes[ti]; i++) {
             real g = m->grads_mem[i] * gscale;
@@ -1141,7 +1254,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
             m->adam_m[i] = mi;
             m->adam_v[i] = vi;
             real update = (mi / bc1) / (sqrt(vi / bc2) + eps) + decay * m->params_mem[i];
-            m->params_mem[i] -= lr * update;
+            m->params_mem[i] -= lrt * update;
         }
         off += m->sizes[ti];
     }

@@ -103,6 +103,7 @@ namespace {   // everything but the API and main is internal to this object
 #include "kernels/route_forward.cuh"
 #include "kernels/route_backward.cuh"
 #include "kernels/hc.cuh"
+#include "kernels/delta.cuh"
 #include "kernels/crossentropy.cuh"
 #include "kernels/adamw.cuh"
 
@@ -113,28 +114,33 @@ namespace {   // everything but the API and main is internal to this object
 // ParamTensors<floatX> for the weights the kernels read, ParamTensors<float>
 // for the fp32 master weights and gradients.
 template <typename T> struct ParamTensors {
-    T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg, *hcalpha, *hca, *hcbeta;
+    T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
+    T *hcalpha, *hca, *hcbeta, *dnull, *dalpha;
 };
 
 template <typename T> void point_params(ParamTensors<T> *p, T *mem, const size_t sizes[NUM_PARAM_TENSORS]) {
     T **ptrs[NUM_PARAM_TENSORS] = {&p->wte, &p->ln1w, &p->wq, &p->wk, &p->wv, &p->qnw, &p->knw,
                                    &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
-                                   &p->hcalpha, &p->hca, &p->hcbeta};
+                                   &p->hcalpha, &p->hca, &p->hcbeta, &p->dnull, &p->dalpha};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
 }
 
 // Forward activations kept for backward, in one device allocation. N = B*T
 // positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
 // floatX unless marked fp32.
-#define NUM_ACT_TENSORS 27
+#define NUM_ACT_TENSORS 29
 typedef struct {
-    floatX *slots;  // (J, N, C)  sources v_i / block sums (mhar), residual stream x_j (std)
-    float *slot_r;  // (J, N)     fp32: r_i of each slot (mhar)
+    floatX *slots;  // (NS, N, C) sources v_i / block sums (mhar), residual stream x_j (std, delta), then
+                    //            delta's null source and block sums b_k (NS = num_slots, config.h)
+    float *slot_r;  // (NS, N)    fp32: r_i of each slot that is a routing source (mhar, delta)
     float *route_lse; // (J, N, H)  fp32 log-sum-exp of each site's routing scores per head (mhar):
                       //            the weights a = exp(s - lse) are recomputed in backward
     float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
-    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar); the hc reads h_j (hc);
-                    //            std reads slots
+    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots);
+                    //            delta: the routed mixes mix_j
+    float *null_r;  // (J)        fp32: delta: r of each site's null source
+    floatX *gate;   // (N, C)     delta: the site input h_j = x_j + alpha_j mix_j, of the site being
+                    //            processed (the backward recomputes it, bit for bit)
     floatX *hcx;    // (2L, N, n, C)  hc streams X_j after sublayer j-1, j = 1..2L (X_0 is n copies of
                     //            slot 0, never stored) (hc)
     float *hc_w;    // (J, n)     fp32 hc read weights softmax(alpha_j); [2L] = 1/n (hc; hc_prepare)
@@ -165,7 +171,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 25
+#define NUM_GRAD_ACT_TENSORS 28
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -196,6 +202,9 @@ typedef struct {
     float *hc_dw;   // (n)  hc: dL/dw_j of the site being differentiated (into dalpha_j)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
+    float *delta_dh;   // (N, C)  delta: dL/dh_j of the site being processed
+    float *delta_db;   // (N, C)  delta: the gradient of the block sum b_k that the current sublayers write
+    float *delta_part; // (RED_PARTS_MAX, C + H + 1)  delta: partials of the null's and the gate's sums
 } GradActs;
 
 typedef struct {
@@ -213,11 +222,11 @@ typedef struct {
     void *acts_mem, *gacts_mem;
     float *rope_cos, *rope_sin;     // (T, HD/2) device
     size_t *pair_off;               // (J+1) routing pairs before site j (host)
-    int *site_src;                  // (J, J) device: the slots read by site j, row j
+    int *site_src;                  // (J, NS) device: the slots read by site j, row j (delta reads up to J+1)
     int *site_n;                    // (J) host: the number of sources of site j
-    int *slot_rd;                   // (J, J) device: the sites reading slot k (increasing), row k
-    int *slot_rd_pair;              // (J, J) device: their (site, source) pair indices, row k
-    int *slot_nr;                   // (J) host: the number of sites reading slot k
+    int *slot_rd;                   // (NS, J) device: the sites reading slot k (increasing), row k
+    int *slot_rd_pair;              // (NS, J) device: their (site, source) pair indices, row k
+    int *slot_nr;                   // (NS) host: the number of sites reading slot k
     int *d_pair_off;                // (J+1) device: pair_off as int
     RouteGeo route_geo;             // lane layout of the fused routing kernels (mhar)
     int *fwd_lead;                  // (J) host: the first site of site j's routing forward group (route_fwd_plan)
@@ -230,6 +239,7 @@ typedef struct {
     float loss;                     // mean loss of the last forward with targets
     float ce_dloss;                 // the dloss with which the last forward already wrote dlogits over the
                                     // logits (crossentropy_fused); 0: model_backward runs crossentropy_backward
+    float lr_new;                   // delta: learning-rate multiple of the new parameters (-lr_new)
 } Model;
 
 // Copy float32 host parameters (checkpoint layout) into the master and floatX copies.
@@ -262,6 +272,7 @@ void model_plan_forward(Model *m, const int *src, int all) {
 void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
+    m->lr_new = 1.0f;
     param_sizes(cfg, m->sizes);
     m->nparams = param_count(cfg);
     if (cublas == NULL) {
@@ -306,36 +317,43 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     m->rope_sin = m->rope_cos + (size_t)cfg->T * half;
     cudaCheck(cudaMemcpy(m->rope_cos, cs, (size_t)cfg->T * half * 2 * sizeof(float), cudaMemcpyHostToDevice));
     free(cs);
-    int J = 2 * cfg->L + 1;
-    int *src = (int *)calloc_check((size_t)J * J, sizeof(int));
+    // NS = J slots but in delta (its null and block sums after them); a site reads at most J+1
+    // slots (delta: the null, b_0 and up to 2L block sums) and a slot is read by at most J sites
+    int J = 2 * cfg->L + 1, NS = num_slots(cfg);
+    int *src = (int *)calloc_check((size_t)J * NS, sizeof(int));
     m->pair_off = (size_t *)malloc_check((J + 1) * sizeof(size_t));
     m->site_n = (int *)malloc_check(J * sizeof(int));
     m->pair_off[0] = 0;
     for (int j = 0; j < J; j++) {
-        m->site_n[j] = site_sources(cfg, j, src + (size_t)j * J);
+        m->site_n[j] = site_sources(cfg, j, src + (size_t)j * NS);
         m->pair_off[j + 1] = m->pair_off[j] + m->site_n[j];
     }
-    cudaCheck(cudaMalloc(&m->site_src, (size_t)J * J * sizeof(int)));
-    cudaCheck(cudaMemcpy(m->site_src, src, (size_t)J * J * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&m->site_src, (size_t)J * NS * sizeof(int)));
+    cudaCheck(cudaMemcpy(m->site_src, src, (size_t)J * NS * sizeof(int), cudaMemcpyHostToDevice));
     // the other way round, for the slot gathers: the sites reading slot k and the pair of each
-    int *rd = (int *)calloc_check((size_t)2 * J * J, sizeof(int)), *rd_pair = rd + (size_t)J * J;
+    int *rd = (int *)calloc_check((size_t)2 * NS * J, sizeof(int)), *rd_pair = rd + (size_t)NS * J;
     int *off = (int *)malloc_check((J + 1) * sizeof(int));
-    m->slot_nr = (int *)calloc_check(J, sizeof(int));
+    m->slot_nr = (int *)calloc_check(NS, sizeof(int));
     for (int j = 0; j < J; j++) {
         off[j] = (int)m->pair_off[j];
         for (int i = 0; i < m->site_n[j]; i++) {
-            int k = src[(size_t)j * J + i], x = m->slot_nr[k]++;
+            int k = src[(size_t)j * NS + i], x = m->slot_nr[k]++;
             rd[(size_t)k * J + x] = j;
             rd_pair[(size_t)k * J + x] = (int)m->pair_off[j] + i;
         }
     }
     off[J] = (int)m->pair_off[J];
-    cudaCheck(cudaMalloc(&m->slot_rd, (size_t)2 * J * J * sizeof(int)));
-    m->slot_rd_pair = m->slot_rd + (size_t)J * J;
-    cudaCheck(cudaMemcpy(m->slot_rd, rd, (size_t)2 * J * J * sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&m->slot_rd, (size_t)2 * NS * J * sizeof(int)));
+    m->slot_rd_pair = m->slot_rd + (size_t)NS * J;
+    cudaCheck(cudaMemcpy(m->slot_rd, rd, (size_t)2 * NS * J * sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMalloc(&m->d_pair_off, (J + 1) * sizeof(int)));
     cudaCheck(cudaMemcpy(m->d_pair_off, off, (J + 1) * sizeof(int), cudaMemcpyHostToDevice));
-    if (cfg->mode == RES_MHAR) { m->route_geo = route_geometry(cfg->C, cfg->H); }
+    if (cfg->mode == RES_MHAR || cfg->mode == RES_DELTA) { m->route_geo = route_geometry(cfg->C, cfg->H); }
+    int cw = cfg->C / 32;   // delta_null_backward's shapes (kernels/delta.cuh)
+    if (cfg->mode == RES_DELTA && (cfg->C % 32 != 0 || (cw & (cw - 1)) != 0 || cw > 32 || cfg->H > 32)) {
+        die("-r delta: C=%d H=%d; the GPU trainer's delta mode takes C = 32, 64, .., 1024 (32 times a power of two) "
+            "and H <= 32", cfg->C, cfg->H);
+    }
     m->fwd_lead = (int *)malloc_check(J * sizeof(int));
     model_plan_forward(m, src, 0);
     free(src); free(rd); free(off);
@@ -357,19 +375,20 @@ void *alloc_tensors(TensorSpec *spec, int n) {
 // Allocate activations for batches of up to B x T (once).
 void model_alloc_acts(Model *m, int B, int T) {
     const Config *c = &m->cfg;
-    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, F = c->F, NS = num_slots(c);
     size_t QD = (size_t)c->NH * c->HD, KVD = (size_t)c->NKV * c->HD;
-    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA, routed = mhar || delta;
     size_t hn = hc ? (size_t)c->n : 0;   // hc streams (0: no hc buffers)
-    size_t pairs = mhar ? m->pair_off[J] : 0;
+    size_t pairs = routed ? m->pair_off[J] : 0;
     int any_chain = 0;   // does some slot chain (std, block mode)? Then a->out is needed
     for (size_t j = 0; j + 1 < J; j++) { any_chain |= slot_chains(c, (int)j); }
     Acts *a = &m->acts;
     const size_t X = sizeof(floatX), S = sizeof(float);
     TensorSpec as[NUM_ACT_TENSORS] = {
-        {(void **)&a->slots, J * N * C, X}, {(void **)&a->slot_r, mhar ? J * N : 0, S},
-        {(void **)&a->route_lse, mhar ? J * N * c->H : 0, S}, {(void **)&a->route_qg, mhar ? J * C : 0, S},
-        {(void **)&a->h, mhar || hc ? J * N * C : 0, X},
+        {(void **)&a->slots, NS * N * C, X}, {(void **)&a->slot_r, routed ? NS * N : 0, S},
+        {(void **)&a->route_lse, routed ? J * N * c->H : 0, S}, {(void **)&a->route_qg, routed ? J * C : 0, S},
+        {(void **)&a->h, routed || hc ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
+        {(void **)&a->gate, delta ? N * C : 0, X},
         {(void **)&a->hcx, (J - 1) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
         {(void **)&a->hc_A32, (J - 1) * hn * hn, S}, {(void **)&a->hc_beta32, (J - 1) * hn, S},
         {(void **)&a->ln, mhar ? N * C : J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
@@ -385,7 +404,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     GradActs *g = &m->gacts;
     // routing scratch: site partials (N/32 blocks) and slot partials (N/128 partitions x up to J readers)
     size_t route_parts = mhar ? ceil_div(N, ROUTE_POS_PER_BLOCK) : 0;
-    size_t route_qparts = mhar ? ceil_div(N, ROUTE_PART_ROWS) * J : 0;
+    size_t route_qparts = routed ? ceil_div(N, ROUTE_PART_ROWS) * J : 0;
     // the grouped forward's partials go into route_G (written and read only in backward) when they
     // fit (bf16 with groups of 4: whenever L >= 3), else into a buffer of their own
     size_t fwdp = mhar ? (size_t)(m->fwd_kmax - 1) * N * (C + c->H) : 0;
@@ -397,13 +416,15 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
         {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmg, N * F, X},
         {(void **)&g->dmu, N * F, X},
-        {(void **)&g->route_G, mhar ? J * N * C : 0, X}, {(void **)&g->route_S, mhar ? J * N * c->H : 0, S},
-        {(void **)&g->route_dsr, mhar ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
+        {(void **)&g->route_G, routed ? J * N * C : 0, X}, {(void **)&g->route_S, routed ? J * N * c->H : 0, S},
+        {(void **)&g->route_dsr, routed ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
         {(void **)&g->hc_dXp, N * hn * C, S}, {(void **)&g->hc_dh, hc ? N * C : 0, S},
         {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n) : 0, S}, {(void **)&g->hc_dw, hn, S},
-        {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S}};
+        {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
+        {(void **)&g->delta_dh, delta ? N * C : 0, S}, {(void **)&g->delta_db, delta ? N * C : 0, S},
+        {(void **)&g->delta_part, delta ? (size_t)RED_PARTS_MAX * (C + c->H + 1) : 0, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
     if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
 
@@ -421,7 +442,8 @@ void model_alloc_acts(Model *m, int B, int T) {
                m->fwd_kmax > 1 ? (fwdp_in_G ? " (partials in route_G)" : " (partials in their own buffer)") : "");
     }
 #endif
-    if (mhar) {   // the lean gather's index math for this shape, on the CPU (dies on a mismatch)
+    if (routed) {   // the lean gather's index math for this shape, on the CPU (dies on a mismatch; delta:
+                    // slots 0 .. J-1, b_0 with its J readers the widest)
         int *rd = (int *)malloc_check(J * J * sizeof(int));
         cudaCheck(cudaMemcpy(rd, m->slot_rd, J * J * sizeof(int), cudaMemcpyDeviceToHost));
         int lean = route_gather_index_check(m->route_geo, rd, m->slot_nr, J, N);
@@ -564,11 +586,11 @@ void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
-// u_j: std and hc keep every site's; mhar one buffer (Acts.ln)
+// u_j: std, hc and delta keep every site's; mhar one buffer (Acts.ln)
 #define ULN(j) (a->ln + (m->cfg.mode != RES_MHAR ? (size_t)(j) * N * C : 0))
 // hc: the streams X_j (N, n, C) after sublayer j-1, j >= 1 (X_0: slot 0, standing for its n copies)
 #define HCX(j) (a->hcx + (size_t)((j) - 1) * N * m->cfg.n * C)
-#define SITE_SRC(j) (m->site_src + (size_t)(j) * (2 * m->cfg.L + 1))
+#define SITE_SRC(j) (m->site_src + (size_t)(j) * num_slots(&m->cfg))
 #define SLOT_RD(k) (m->slot_rd + (size_t)(k) * (2 * m->cfg.L + 1))
 #define SLOT_RD_PAIR(k) (m->slot_rd_pair + (size_t)(k) * (2 * m->cfg.L + 1))
 
@@ -585,6 +607,36 @@ float *site_norm_dw(Model *m, int j) {
     return j == 2 * m->cfg.L ? dp->lnfw : (j % 2 == 0 ? dp->ln1w : dp->ln2w) + l * C;
 }
 
+
+// A delta site (SPEC section 9): u_j = rmsnorm(h_j; w) into ULN(j) with its rstd, where
+// h_j = x_j + alpha_j * mix_j and mix_j = route_j([n_j, b_0, b_1 .. b_m]) (config.h's
+// slots: x_j = slot j, n_j in slot J, rewritten per site, b_k in slot J+k, b_0 = slot 0).
+// route_forward keeps mix_j (a->h) and lse_j; its norm epilogue's u and rstd are
+// overwritten by the gated norm, residual_norm_forward's kernel with the gate, so that
+// alpha_j = 0 gives std's bits for u_j and rstd_j (site 0: std normalises the embedding
+// with rmsnorm_forward, so here too, over h_0 from the gated kernel).
+void delta_site_forward(Model *m, int j, size_t N, const floatX *w) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1;
+    floatX *u = ULN(j), *mix = a->h + (size_t)j * N * C;
+    float *rstd = a->ln_rstd + (size_t)j * N;
+    const float *alpha = m->master.dalpha + j;
+    op_range("fwd delta: null + route");
+    // slot J = n_j at every position, and its r
+    delta_null_fill(SLOT(J), m->params.dnull + (size_t)j * C, N, c->C);
+    source_stat_forward(a->slot_r + J * N, SLOT(J), N, c->C);
+    RoutePartials none = {NULL, NULL};
+    route_forward(u, rstd, mix, a->route_lse + (size_t)j * N * H, a->slots, a->slot_r, SITE_SRC(j), m->site_n[j],
+                  a->route_qg + (size_t)j * C, w, N, m->route_geo, 0, none, none);
+    op_range("fwd delta: gate + norm");
+    if (j == 0) {
+        residual_norm_gated_forward(a->gate, NULL, rstd, SLOT(0), mix, NULL, alpha, N, c->C);
+        rmsnorm_forward(u, rstd, a->gate, w, N, c->C);
+    } else {
+        residual_norm_gated_forward(NULL, u, rstd, SLOT(j), mix, w, alpha, N, c->C);
+    }
+}
 
 // The normalised input u_j = rmsnorm(h_j; w) of sublayer j (j = 2L: of the LM
 // head), written into ULN(j) with its rstd; returns u_j. std: h_j is the
@@ -616,6 +668,7 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
         rmsnorm_forward(u, rstd, hj, w, N, c->C);
         return u;
     }
+    if (c->mode == RES_DELTA) { delta_site_forward(m, j, N, w); return u; }
     // partial x (site lead + 1 + x): hbar (N, C) at ph + x N C, lse_p (N, H) at pl + x N H
     const int lead = m->fwd_lead[j];
     float *ph = m->gacts.route_fwdp, *pl = ph + (size_t)(m->fwd_kmax - 1) * N * C;
@@ -672,6 +725,59 @@ void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     if (!last) { hc_weights_backward(dp->hcalpha + (size_t)j * n, g->hc_dw, wj, c->n); }
 }
 
+// Backward of a delta site (SPEC section 9, the steps in delta_site_forward's
+// reverse), given g->dln = dL/du_j; g->dslots holds dL/dx_{j+1} through the stream
+// (nothing at the last site), as in std:
+//   h_j = x_j + alpha_j mix_j, u_j = rmsnorm(h_j; w): h_j recomputed into a->gate, the
+//     norm's dh_j, then dslots becomes dL/dx_j (+= dh_j), G_j = alpha_j dh_j, S_j, dalpha_j
+//   mix_j = route_j([n_j, b_0, b_1 .. b_m]): the null's gradient and its pair's q/gamma
+//     sum (delta_null_backward: no gather); at j = kS, the smallest site reading b_k, the
+//     gather of slot J+k into delta_db (every site reading it has stored G and S now)
+//   then g->dout = dL/dout_{j-1} = dslots + db_k (k: the block of sublayer j-1, when complete)
+//   and after site 0, the gather of b_0 = x_0 into dslots (chained: added to it).
+// The sites' q/gamma sums meet in route_param_backward at the end of model_backward.
+void delta_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
+    const Config *c = &m->cfg;
+    Acts *a = &m->acts;
+    GradActs *g = &m->gacts;
+    size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1, S = c->S, nb = delta_blocks(c);
+    floatX *mix = a->h + (size_t)j * N * C, *G = g->route_G + (size_t)j * N * C;
+    float *Sj = g->route_S + (size_t)j * N * H, *lse = a->route_lse + (size_t)j * N * H;
+    op_range("bwd delta: gate + norm");
+    // h_j = x_j + alpha_j mix_j (recomputed; its rstd into slot J's spent r row)
+    residual_norm_gated_forward(a->gate, NULL, a->slot_r + J * N, SLOT(j), mix, NULL, m->master.dalpha + j, N, c->C);
+    // u_j = rmsnorm(h_j; w): dh_j
+    rmsnorm_backward_residual(g->delta_dh, NULL, dw, g->dln, a->gate, a->ln_rstd + (size_t)j * N, w, N, c->C, 0,
+                              g->partial);
+    // h_j = x_j + alpha_j mix_j: dx_j += dh_j, dmix_j = G_j = alpha_j dh_j, dalpha_j
+    delta_gate_backward(g->dslots, G, Sj, m->grads.dalpha + j, g->delta_part, g->delta_dh, mix, m->master.dalpha + j,
+                        N, c->C, c->H, (size_t)j + 1 < J);
+    // slot J = n_j at every position (source 0 of site j)
+    op_range("bwd delta: null");
+    delta_null_backward(m->grads.dnull + (size_t)j * C, g->route_qv + m->pair_off[j] * C, g->delta_part, G, Sj, lse,
+                        m->params.dnull + (size_t)j * C, a->route_qg + (size_t)j * C, a->null_r + j, N, c->C, c->H);
+    if (j % S == 0 && j / S >= 1 && j / S <= nb) {   // the gather of b_k, k = j / S
+        size_t k = J + j / S;
+        op_range("bwd route: slot gather");
+        route_slot_backward(g->delta_db, NULL, g->route_dsr, SLOT(k), a->slot_r + k * N, g->route_G, g->route_S,
+                            a->route_lse, SLOT_RD(k), m->slot_nr[k], a->route_qg, 0, 1, N, J, m->route_geo);
+        op_range("bwd route: q/gamma pass");
+        route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(k), SLOT_RD_PAIR(k), m->slot_nr[k], N,
+                          m->route_geo);
+    }
+    if (j > 0) {   // out_{j-1} is in x_j and, when its block k is complete, in b_k
+        delta_dout(g->dout, g->dslots, ((size_t)j - 1) / S + 1 <= nb ? g->delta_db : NULL, N * C);
+        return;
+    }
+    // b_0 = x_0 = slot 0, read by every site: its routing gradient joins the stream's
+    op_range("bwd route: slot gather");
+    route_slot_backward(g->dslots, NULL, g->route_dsr, SLOT(0), a->slot_r, g->route_G, g->route_S, a->route_lse,
+                        SLOT_RD(0), m->slot_nr[0], a->route_qg, 1, 1, N, J, m->route_geo);
+    op_range("bwd route: q/gamma pass");
+    route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(0), SLOT_RD_PAIR(0), m->slot_nr[0], N,
+                      m->route_geo);
+}
+
 // Backward of site j's u_j = rmsnorm(h_j; w), given g->dln = dL/du_j; adds the
 // norm weight's gradient into dw. std: h_j = slot j = x_j, and x_{j+1} = x_j +
 // out_j, so dslots, which holds dL/dx_{j+1} (nothing at the last site), gets
@@ -694,6 +800,7 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
         return;
     }
     if (c->mode == RES_HC) { hc_site_backward(m, (int)j, N, w, dw); return; }
+    if (c->mode == RES_DELTA) { delta_site_backward(m, j, N, w, dw); return; }
     op_range("bwd route: site G, S");
     route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, u, g->dln,
                         a->h + j * N * C, a->ln_rstd + j * N, w, N, m->route_geo);
@@ -727,15 +834,15 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     m->ce_dloss = 0;
     Acts *a = &m->acts;
     ParamTensors<floatX> *p = &m->params;
-    size_t N = (size_t)B * T, C = c->C, L = c->L;
-    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC;
+    size_t N = (size_t)B * T, C = c->C, L = c->L, J = 2 * L + 1, S = c->S;
+    int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA;
     memcpy(m->inputs, inputs, N * sizeof(int));
     op_range("fwd encoder");
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
-    if (mhar) {
+    if (mhar || delta) {
         route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C);
-        source_stat_forward(a->slot_r, SLOT(0), N, c->C);
+        source_stat_forward(a->slot_r, SLOT(0), N, c->C);   // v_0 = b_0 = x_0
     }
     if (hc) {   // hc_weights_forward of every site (and 1/n for the final read), A and beta in fp32,
                 // from the fp32 master (in bf16 too: tiny tensors, exact weights)
@@ -743,6 +850,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         hc_prepare(a->hc_w, a->hc_A32, a->hc_beta32, m->master.hcalpha, m->master.hca, m->master.hcbeta,
                    (int)(2 * L), c->n);
     }
+    if (delta) { source_stat_forward(a->null_r, p->dnull, J, c->C); }   // r of each site's null (J rows)
     for (size_t j = 0; j < 2 * L; j++) {
         size_t l = j / 2;
         op_range("fwd route + norm");
@@ -760,6 +868,8 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
             hc_update_read_forward(HCX(j + 1), a->h + (j + 1) * N * C, j == 0 ? SLOT(0) : HCX(j), SLOT(j + 1),
                                    a->hc_A32 + j * n * n, a->hc_beta32 + j * n, a->hc_w + (j + 1) * n, N, c->C,
                                    c->n, j == 0);
+        } else if (delta) {   // x_{j+1} = x_j + out_j (its statistic into slot j+1's unused r row)
+            residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
         } else if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it
             residual_norm_forward(SLOT(j + 1), ULN(j + 1), a->ln_rstd + (j + 1) * N, SLOT(j), out,
                                   site_norm_w(m, (int)j + 1), N, c->C);
@@ -767,6 +877,18 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
             residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
         } else {   // r of slot j+1 = out_j, which the sublayer wrote
             source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C);
+        }
+        // delta: x_{j+1} = x_j + out_j (above, its u left to site j+1's gated norm), and b_k (k = the
+        // block of sublayer j, when complete) as the running sum of its outputs (SPEC section 9's
+        // choice), with its r once whole (the last chained add writes it)
+        size_t k = J + j / S + 1;
+        if (delta && j / S + 1 <= (size_t)delta_blocks(c)) {
+            if (j % S == 0) {
+                cudaCheck(cudaMemcpyAsync(SLOT(k), out, N * C * sizeof(floatX), cudaMemcpyDeviceToDevice, 0));
+                if (S == 1) { source_stat_forward(a->slot_r + k * N, SLOT(k), N, c->C); }
+            } else {
+                residual_norm_forward(SLOT(k), NULL, a->slot_r + k * N, SLOT(k), out, NULL, N, c->C);
+            }
         }
     }
     op_range("fwd route + norm");
@@ -853,7 +975,7 @@ void model_backward(Model *m, float dloss) {
     encoder_backward(dp->wte, g->dslots, m->inputs, N, c->C, m->enc_scratch);
     // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
     op_range("bwd route params");
-    if (c->mode == RES_MHAR) {
+    if (c->mode == RES_MHAR || c->mode == RES_DELTA) {
         route_param_backward(dp->rq, dp->rg, g->route_qv, m->d_pair_off, p->rq, p->rg, (int)(2 * L + 1), c->C);
     }
 }
@@ -889,10 +1011,11 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
     size_t off = 0;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         float decay = param_is_decayed(ti) ? wd : 0;
+        float lrt = param_is_new(&m->cfg, ti) ? lr * m->lr_new : lr;   // delta's new parameters: -lr_new
         size_t n = m->sizes[ti];
         if (n > 0) {
             adamw_step(m->params_mem + off, m->paramsX_mem + off, m->grads_mem + off, m->adam_m + off,
-                       m->adam_v + off, n, lr, beta1, beta2, eps, decay, gscale, bc1, bc2);
+                       m->adam_v + off, n, lrt, beta1, beta2, eps, decay, gscale, bc1, bc2);
         }
         off += n;
     }

@@ -10,11 +10,13 @@ typedef struct {
     const char *tokenizer;   // -tok tokenizer file for decoding samples ("" = print ids)
     const char *out_dir;     // -o  directory for log.txt and checkpoints ("" = none)
     const char *resume;      // -resume checkpoint to continue from ("" = fresh start)
+    const char *init_from;   // -init_from std checkpoint to convert into a delta model ("" = none)
     int overwrite;           // -overwrite 1: a fresh run may replace the run already in -o
     int B;                   // -b  micro-batch size (sequences)
     long total_batch;        // -d  tokens per optimizer step (gradient accumulation)
     int steps;               // -n  optimizer steps
     float lr;                // -lr peak learning rate
+    float lr_new;            // -lr_new learning rate of delta's new parameters, as a multiple of lr
     int warmup;              // -warmup linear warmup steps
     float lr_min_frac;       // -lr_min cosine floor as a fraction of the peak
     float wd;                // -wd AdamW weight decay
@@ -40,10 +42,12 @@ static void args_defaults(TrainArgs *a) {
     a->tokenizer = "";
     a->out_dir = "";
     a->resume = "";
+    a->init_from = "";
     a->B = 8;
     a->total_batch = 0;   // 0 means B*T: no accumulation
     a->steps = 200;
     a->lr = 1e-3f;
+    a->lr_new = 1.0f;
     a->warmup = 20;
     a->lr_min_frac = 0.1f;
     a->wd = 0.1f;
@@ -64,9 +68,10 @@ static void args_usage(const char *prog) {
         "model:\n"
         "  -preset NAME   shape preset: test, tiny (default), 100m, 350m, 1b; later flags override it\n"
         "  -L -C -NH -NKV -F -T -V   blocks, width, query heads, kv heads, MLP width, seq len, vocab\n"
-        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1), hc\n"
-        "  -H N           routing heads of mhar, must divide C (default 4)\n"
-        "  -S N           sublayers per block, 1 = full mhar (default 1)\n"
+        "  -r MODE        residual mode: std, mhar (default), attnres (= mhar with H=1), hc,\n"
+        "                 delta (std plus a gated routed mix, SPEC section 9)\n"
+        "  -H N           routing heads of mhar and delta, must divide C (default 4; train_mhar_cu: 1, 2, 4 or 8)\n"
+        "  -S N           sublayers per block, 1 = full mhar (default 1; delta: 8)\n"
         "  -hc_n N        streams of hyper-connections, -r hc (default 4; train_mhar_cu: 1, 2, 4 or 8)\n"
         "data and output:\n"
         "  -i GLOB        train shards (default data/tiny/*_train_*.bin)\n"
@@ -74,13 +79,16 @@ static void args_usage(const char *prog) {
         "  -tok FILE      tokenizer file to decode samples (default: print token ids)\n"
         "  -o DIR         write DIR/log.txt and DIR/ckpt_STEP.bin (default: none)\n"
         "  -resume FILE   continue from a checkpoint: weights, AdamW state, step, data position\n"
+        "  -init_from FILE  convert a std checkpoint into this -r delta model: its weights, the\n"
+        "                 new parameters at their init, AdamW from zero at step 0, its data position\n"
         "  -overwrite 1   a fresh run replaces the run in -o (its log and checkpoints); default 0 refuses\n"
         "optimisation (SPEC section 6):\n"
         "  -b N           micro-batch size in sequences (default 8)\n"
         "  -d N           tokens per optimizer step; a multiple of b*T (default b*T)\n"
         "  -n N           optimizer steps (default 200)\n"
         "  -lr X          peak learning rate (default 1e-3)\n"
-        "  -warmup N      linear warmup steps (default 20)\n"
+        "  -warmup N      linear warmup steps (default 20; after -init_from: the re-warmup)\n"
+        "  -lr_new X      delta: learning rate of q, gamma, null, alpha as a multiple of -lr (default 1)\n"
         "  -lr_min X      cosine floor as a fraction of the peak (default 0.1)\n"
         "  -wd X          AdamW weight decay on matrices (default 0.1)\n"
         "  -beta1 X -beta2 X -eps X   AdamW (default 0.9 0.95 1e-8)\n"
@@ -103,6 +111,7 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
     args_defaults(a);
     Config *c = &a->cfg;
     int d_given = 0;
+    int s_given = 0;   // delta's default S is 8 unless -S says otherwise
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             args_usage(argv[0]);
@@ -123,24 +132,27 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
             else if (strcmp(v, "mhar") == 0) { c->mode = RES_MHAR; }
             else if (strcmp(v, "attnres") == 0) { c->mode = RES_MHAR; c->H = 1; }
             else if (strcmp(v, "hc") == 0) { c->mode = RES_HC; }
-            else { die("-r '%s' is not a residual mode; use std, mhar, attnres or hc", v); }
+            else if (strcmp(v, "delta") == 0) { c->mode = RES_DELTA; }
+            else { die("-r '%s' is not a residual mode; use std, mhar, attnres, hc or delta", v); }
         }
         INT_FLAG("L", c->L, 1, CONFIG_MAX_L) INT_FLAG("C", c->C, 2, CONFIG_MAX_C)
         INT_FLAG("NH", c->NH, 1, CONFIG_MAX_C) INT_FLAG("NKV", c->NKV, 1, CONFIG_MAX_C)
         INT_FLAG("F", c->F, 1, CONFIG_MAX_F) INT_FLAG("T", c->T, 1, CONFIG_MAX_T)
         INT_FLAG("V", c->V, 2, CONFIG_MAX_V) INT_FLAG("H", c->H, 1, CONFIG_MAX_C)
-        INT_FLAG("S", c->S, 1, 2 * CONFIG_MAX_L)
+        else if (strcmp(f, "S") == 0) { c->S = parse_int_flag("S", v, 1, 2 * CONFIG_MAX_L); s_given = 1; }
         INT_FLAG("hc_n", c->n, 1, 64)
         else if (strcmp(f, "i") == 0) { a->train_glob = v; }
         else if (strcmp(f, "j") == 0) { a->val_glob = v; }
         else if (strcmp(f, "tok") == 0) { a->tokenizer = v; }
         else if (strcmp(f, "o") == 0) { a->out_dir = v; }
         else if (strcmp(f, "resume") == 0) { a->resume = v; }
+        else if (strcmp(f, "init_from") == 0) { a->init_from = v; }
         INT_FLAG("overwrite", a->overwrite, 0, 1)
         INT_FLAG("b", a->B, 1, 1 << 20)
         else if (strcmp(f, "d") == 0) { a->total_batch = (long)parse_int_flag("d", v, 1, 1ll << 40); d_given = 1; }
         INT_FLAG("n", a->steps, 1, INT_MAX - 1)
-        REAL_FLAG("lr", a->lr, 0, 0, 1e30, 0) INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
+        REAL_FLAG("lr", a->lr, 0, 0, 1e30, 0) REAL_FLAG("lr_new", a->lr_new, 0, 0, 1e30, 0)
+        INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
         REAL_FLAG("lr_min", a->lr_min_frac, 0, 0, 1, 0)
         REAL_FLAG("wd", a->wd, 0, 0, 1e30, 0) REAL_FLAG("beta1", a->beta1, 0, 0, 1, 1)
         REAL_FLAG("beta2", a->beta2, 0, 0, 1, 1)
@@ -154,7 +166,16 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
 #undef INT_FLAG
 #undef REAL_FLAG
     }
+    if (c->mode == RES_DELTA && !s_given) { c->S = 8; }
     config_finalize(c, "flags");
+    if (a->init_from[0] != '\0' && c->mode != RES_DELTA) {
+        die("-init_from %s converts a std checkpoint into a delta model; add -r delta "
+            "(to continue a run in its own mode, use -resume)", a->init_from);
+    }
+    if (a->init_from[0] != '\0' && a->resume[0] != '\0') {
+        die("-init_from %s and -resume %s both given; convert once with -init_from, then continue "
+            "the delta run with -resume alone", a->init_from, a->resume);
+    }
     long long bt = (long long)a->B * c->T;
     if (bt > INT_MAX / 2) {
         die("-b %d x T %d = %lld tokens per micro-batch is over the supported %d; use a smaller -b", a->B, c->T, bt,

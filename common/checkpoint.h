@@ -3,7 +3,7 @@
 //
 //   [0] magic 0x5241484D (the bytes "MHAR")   [1] version: 2 (1: the same without [30])
 //   [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-//   [10] residual mode (0 std, 1 mhar, 2 hc)  [11] H  [12] S  [13] HD
+//   [10] residual mode (0 std, 1 mhar, 2 hc, 3 delta)  [11] H  [12] S  [13] HD
 //   [14] content: 0 parameters, 1 parameters + AdamW m and v, 2 gradient dump
 //   [15] optimizer steps done
 //   [16] train shard  [18..19] token position in it (int64)  [20..21] sampling rng (uint64)
@@ -36,6 +36,8 @@ typedef struct {
     int elem;           // bytes per element: 4 or 8
     int B, T;           // batch of a gradient dump
     double loss;        // loss of a gradient dump
+    int convert;        // in, for ckpt_load: 1 converts a std checkpoint into the delta model
+                        // being loaded (-init_from, SPEC section 9); not stored in files
 } CkptInfo;
 
 static void ckpt_header_make(int h[CKPT_HEADER_INTS], const Config *c, const CkptInfo *in) {
@@ -191,6 +193,25 @@ static void ckpt_check_config(const char *path, const Config *file, const Config
     }
 }
 
+// Die unless a checkpoint can be converted into the delta run's model: it must
+// be std, with the same shape as the run's flags.
+static void ckpt_check_convert(const char *path, const Config *file, const Config *run) {
+    if (file->mode != RES_STD) {
+        die("%s is a %s checkpoint (residual mode %d); -init_from converts a std checkpoint "
+            "(one trained with -r std)", path, config_mode_name(file), file->mode);
+    }
+    if (run->mode != RES_DELTA) { die("internal: converting %s into a %s model", path, config_mode_name(run)); }
+    const char *names[] = {"V", "T", "L", "C", "NH", "NKV", "F"};
+    int a[] = {file->V, file->T, file->L, file->C, file->NH, file->NKV, file->F};
+    int b[] = {run->V, run->T, run->L, run->C, run->NH, run->NKV, run->F};
+    for (int i = 0; i < 7; i++) {
+        if (a[i] != b[i]) {
+            die("%s was saved with %s=%d but this run has %s=%d; give -init_from the std run's shape "
+                "flags (-preset -L -C -NH -NKV -F -T -V) with -r delta", path, names[i], a[i], names[i], b[i]);
+        }
+    }
+}
+
 // Start writing path: returns a stream on path.tmp (name in tmp, >= 4096 chars),
 // open for reading too (ckpt_end_write reads it back for the checksum).
 static FILE *ckpt_begin_write(const char *path, char *tmp) {
@@ -259,12 +280,31 @@ static void ckpt_save(const char *path, const Config *cfg, CkptInfo info, size_t
 // mismatch, and on a gradient dump): the parameters, and AdamW m and v when
 // the file has them, into *adam_m and *adam_v, which alloc (n zeroed values
 // in the trainer's memory) makes first where they are NULL.
+// With info->convert set (-init_from), path is a std checkpoint and cfg a delta
+// model of its shape: the std tensors come first in delta's layout, in the same
+// order (config.h; std stores no routing tensors), so the file's parameters
+// fill the front of params and delta's new tensors keep the values the model
+// was built with (their init); AdamW state is not read (it starts from zero).
 static void ckpt_load(const char *path, const Config *cfg, CkptInfo *info, size_t n, void *params,
                       void **adam_m, void **adam_v, CkptReadFn rd, void *(*alloc)(size_t n)) {
     Config fc;
+    int convert = info->convert;
     FILE *f = ckpt_open_read(path, &fc, info);
-    ckpt_check_config(path, &fc, cfg);
+    info->convert = convert;
     if (info->content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint", path); }
+    if (convert) {
+        ckpt_check_convert(path, &fc, cfg);
+        size_t sizes[NUM_PARAM_TENSORS], front = 0;
+        param_sizes(cfg, sizes);
+        for (int i = 0; i < NUM_PARAM_TENSORS && !param_is_new(cfg, i); i++) { front += sizes[i]; }
+        if (front != param_count(&fc) || front > n) {
+            die("internal: %s holds %zu std parameters, the delta model's std tensors %zu", path, param_count(&fc), front);
+        }
+        rd(f, params, front, info->elem, path);
+        fclose(f);
+        return;
+    }
+    ckpt_check_config(path, &fc, cfg);
     rd(f, params, n, info->elem, path);
     if (info->content == CKPT_TRAIN) {
         if (*adam_m == NULL) { *adam_m = alloc(n); }

@@ -12,6 +12,9 @@
 //                                                         logits (V floats) on the host
 // Data-parallel runs (common/dist.h) also read the Model's grads_mem and
 // params_mem (nparams values each; fp32 device arrays on the NCCL path).
+// Both trainers run delta mode (SPEC section 9): their Model has a field lr_new
+// (the learning-rate multiple of the new parameters, config.h's param_is_new,
+// read by its adamw_update), set here from -lr_new.
 #pragma once
 #include <sys/resource.h>
 #include "args.h"
@@ -185,9 +188,25 @@ static int train_main(int argc, char **argv) {
 #endif
     Model model;
     model_build(&model, cfg, args.seed, args.init_std);
+    model.lr_new = args.lr_new;
     CkptInfo state;
     memset(&state, 0, sizeof(state));
     state.rng = args.seed ^ 0xA5A5A5A5ull;
+    if (args.init_from[0] != '\0') {
+        // SPEC section 9's conversion: the std model's weights, the new parameters at their init
+        // (alpha = 0: the model computes exactly what the std model did), AdamW from zero state at
+        // step 0 (-warmup is the re-warmup). The data stream and the sampling rng continue where
+        // the std run stopped, so a converted run and a std run resumed from the same file (the
+        // control) see the same batches.
+        CkptInfo from;
+        memset(&from, 0, sizeof(from));
+        from.convert = 1;
+        model_load(&model, args.init_from, &from);
+        state.shard = from.shard; state.pos = from.pos;
+        if (from.content == CKPT_TRAIN) { state.rng = from.rng; }
+        printf("converted %s (std, step %d) into delta: new parameters at their init, AdamW from zero\n",
+               args.init_from, from.step);
+    }
     if (args.resume[0] != '\0') {
         model_load(&model, args.resume, &state);
         if (state.content != CKPT_TRAIN) {
@@ -212,6 +231,7 @@ static int train_main(int argc, char **argv) {
     DataLoader train, val;
     dataloader_init(&train, args.train_glob, B, T, cfg->V);
     if (args.resume[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.resume); }
+    if (args.init_from[0] != '\0') { dataloader_seek(&train, state.shard, state.pos, args.init_from); }
     int have_val = args.val_glob[0] != '\0' && args.val_every > 0;
     if (have_val) { dataloader_init(&val, args.val_glob, B, T, cfg->V); }
     Tokenizer tokenizer;

@@ -231,6 +231,10 @@ int main(int argc, char **argv) {
     if (cfg.mode == RES_STD) {
         die("%s has no routing: std mode; the probe needs a checkpoint trained with -r mhar or -r attnres", ckpt);
     }
+    if (cfg.mode != RES_MHAR) {   // delta's sources (a null, block sums beside the stream) have no probe labels yet
+        die("%s is a %s checkpoint; the probe reads the routing of checkpoints trained with -r mhar or -r attnres",
+            ckpt, config_mode_name(&cfg));
+    }
     if (info.content == CKPT_GRADS) { die("%s is a gradient dump, not a checkpoint; pass a ckpt_STEP.bin", ckpt); }
     if (T == 0) { T = cfg.T; }
     if (T > cfg.T) { die("-t %d is longer than the checkpoint's T=%d (RoPE tables); use -t %d or less", T, cfg.T, cfg.T); }

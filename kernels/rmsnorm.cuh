@@ -191,13 +191,18 @@ void rmsnorm_backward_residual(float *dres, floatX *dcopy, float *dw, const floa
 // One warp per row n (8 rows per block of 256): y = x + out rounded to floatX
 // (x NULL: y = out, not written), s = 1 / sqrt(mean(y^2) + 1e-6) of the rounded
 // y, stat[n] = s, and when u is not NULL u = y * s * w.
-template <int VEC, int NP>
+// GATED (delta mode, SPEC section 9): out is the routed mix and y = x + alpha * out,
+// *alpha the site's gate (fp32); y is written only when y is not NULL. With
+// alpha = 0, y = x + 0 = x, and the rest of the body is the std path's: the same
+// u and s bits as std computes for the stream x.
+template <int VEC, int NP, bool GATED>
 __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *out,
-                                             const floatX *w, size_t N, int C) {
+                                             const floatX *w, size_t N, int C, const float *alpha) {
     const size_t n = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (n >= N) { return; }
     float v[NP][VEC], ss = 0.0f;
+    const float al = GATED ? *alpha : 0.0f;
 #pragma unroll
     for (int p = 0; p < NP; p++) {
         const int c0 = (lane + 32 * p) * VEC;
@@ -206,8 +211,10 @@ __global__ void residual_norm_forward_kernel(floatX *y, floatX *u, float *stat, 
         if (x != NULL) {
             RowX<VEC> b = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { a.x[k] = fromF<floatX>(toF(a.x[k]) + toF(b.x[k])); }
-            *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a;
+            for (int k = 0; k < VEC; k++) {
+                a.x[k] = fromF<floatX>(GATED ? toF(b.x[k]) + al * toF(a.x[k]) : toF(a.x[k]) + toF(b.x[k]));
+            }
+            if (!GATED || y != NULL) { *reinterpret_cast<RowX<VEC> *>(y + n * C + c0) = a; }
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) { v[p][k] = toF(a.x[k]); ss += v[p][k] * v[p][k]; }
@@ -236,7 +243,19 @@ void residual_norm_forward(floatX *y, floatX *u, float *stat, const floatX *x, c
                            size_t N, int C) {
     row_dispatch(C, aligned16(y) && aligned16(u) && aligned16(x) && aligned16(out), [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
-        residual_norm_forward_kernel<VEC, NP><<<ceil_div(N, 8), 256>>>(y, u, stat, x, out, w, N, C);
+        residual_norm_forward_kernel<VEC, NP, false><<<ceil_div(N, 8), 256>>>(y, u, stat, x, out, w, N, C, nullptr);
+    });
+    launchCheck();
+}
+
+// delta's gated site input (SPEC section 9): y (N, C) = x + alpha * mix rounded to
+// floatX (written unless NULL), stat = its rstd and, with w, u = rmsnorm(y; w): the
+// kernel above (GATED), so that alpha = 0 gives std's bits. alpha: one fp32 on the device.
+void residual_norm_gated_forward(floatX *y, floatX *u, float *stat, const floatX *x, const floatX *mix,
+                                 const floatX *w, const float *alpha, size_t N, int C) {
+    row_dispatch(C, aligned16(y) && aligned16(u) && aligned16(x) && aligned16(mix), [&](auto lanes) {
+        constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+        residual_norm_forward_kernel<VEC, NP, true><<<ceil_div(N, 8), 256>>>(y, u, stat, x, mix, w, N, C, alpha);
     });
     launchCheck();
 }

@@ -42,6 +42,7 @@ from mhar_io import read_checkpoint, write_shard  # noqa: E402
 from model import MHAR  # noqa: E402
 
 DECAYED = {"wte", "wq", "wk", "wv", "wo", "wg", "wu", "wd"}   # matrices (README: -wd)
+DELTA_NEW = {"rq", "rg", "dnull", "dalpha"}   # delta's new parameters: learning rate -lr_new x -lr
 TOL = 1e-4
 
 RUN = dict(B=2, T=16, accum=2, steps=6, lr=1e-2, warmup=2, lr_min=0.1, wd=0.1,
@@ -53,6 +54,8 @@ MODES = {
     "std": (["-r", "std"], RUN["clip"]),
     "block2": (["-r", "mhar", "-H", "4", "-S", "2"], RUN["clip"]),
     "hc4": (["-r", "hc", "-hc_n", "4"], 1.01),   # alpha, A, beta stay out of DECAYED (SPEC section 8)
+    # SPEC 9 from its init (alpha = 0 at step 1); the new parameters at half the learning rate
+    "delta": (["-r", "delta", "-H", "2", "-S", "2", "-lr_new", "0.5"], RUN["clip"]),
 }
 
 
@@ -103,8 +106,11 @@ def check_mode(name, flags, clip, trainer, tmp, results):
     model = MHAR(start.cfg).double()
     model.load_checkpoint(start)
     params = dict(model.named_parameters())
+    new = DELTA_NEW if start.cfg.mode == "delta" else set()
+    lr_new = float(flags[flags.index("-lr_new") + 1]) if "-lr_new" in flags else 1.0
     groups = [{"params": [p for n, p in params.items() if n in DECAYED], "weight_decay": r["wd"]},
-              {"params": [p for n, p in params.items() if n not in DECAYED], "weight_decay": 0.0}]
+              {"params": [p for n, p in params.items() if n not in DECAYED and n not in new], "weight_decay": 0.0},
+              {"params": [p for n, p in params.items() if n in new], "weight_decay": 0.0, "lr_mult": lr_new}]
     opt = torch.optim.AdamW(groups, lr=r["lr"], betas=(r["beta1"], r["beta2"]), eps=r["eps"], foreach=False)
     for n, p in params.items():   # continue from the C run's AdamW state after step 1
         opt.state[p] = {"step": torch.tensor(1.0),
@@ -131,7 +137,7 @@ def check_mode(name, flags, clip, trainer, tmp, results):
             for p in params.values():
                 p.grad.mul_(r["clip"] / norm)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, r)
+            g["lr"] = lr_at(step, r) * g.get("lr_mult", 1.0)
         opt.step()
         worst_loss = worst(worst_loss, abs(loss_mean - c_losses[step + 1]) / abs(c_losses[step + 1]))
         worst_norm = worst(worst_norm, abs(norm - c_norms[step + 1]) / c_norms[step + 1])

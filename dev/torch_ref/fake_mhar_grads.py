@@ -24,7 +24,7 @@ from model import MHAR  # noqa: E402
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-r", choices=("std", "mhar", "attnres", "hc"), required=True)
+    ap.add_argument("-r", choices=("std", "mhar", "attnres", "hc", "delta"), required=True)
     for name, default in (("-hc_n", 4), ("-H", 1), ("-S", 1), ("-L", 2), ("-C", 32), ("-NH", 4), ("-NKV", 2),
                           ("-F", 48), ("-V", 97), ("-T", 8), ("-B", 2), ("-seed", 7)):
         ap.add_argument(name, type=int, default=default)
@@ -35,17 +35,20 @@ def main(argv=None):
     a = ap.parse_args(argv)
 
     H = 1 if a.r in ("attnres", "hc", "std") else a.H
-    mode = {"std": "std", "hc": "hc"}.get(a.r, "mhar")
+    mode = {"std": "std", "hc": "hc", "delta": "delta"}.get(a.r, "mhar")
     cfg = mhar_io.Config(V=a.V, Vp=(a.V + 127) // 128 * 128, T=a.T, L=a.L, C=a.C, NH=a.NH,
-                         NKV=a.NKV, F=a.F, mode=mode, H=H, S=1 if mode != "mhar" else a.S,
+                         NKV=a.NKV, F=a.F, mode=mode, H=H, S=a.S if mode in ("mhar", "delta") else 1,
                          n=a.hc_n if mode == "hc" else 0)
     g = torch.Generator().manual_seed(a.seed)
     model = MHAR(cfg)
     model.init_weights(generator=g)
     with torch.no_grad():  # move routing parameters away from their 0 / 1 init
-        if cfg.mode == "mhar":
+        if cfg.mode in ("mhar", "delta"):
             model.rq.normal_(0.0, 0.5, generator=g)
             model.rg.add_(torch.randn(model.rg.shape, generator=g) * 0.2)
+        if cfg.mode == "delta":   # and delta's null sources and gates from their 0 init
+            model.dnull.normal_(0.0, 0.3, generator=g)
+            model.dalpha.normal_(0.0, 0.3, generator=g)
         if cfg.mode == "hc":
             model.hcalpha.normal_(0.0, 1.0, generator=g)
             model.hca.add_(torch.randn(model.hca.shape, generator=g) * 0.3)

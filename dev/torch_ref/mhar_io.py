@@ -9,7 +9,7 @@ Three formats, all little-endian, all with a header of 256 int32:
 2. Checkpoints (the project's own format, SPEC section 7)
      [0] magic 0x5241484D (the bytes "MHAR"), [1] version 2 (version 1: the same without [30]),
      [2] V  [3] Vp  [4] T  [5] L  [6] C  [7] NH  [8] NKV  [9] F
-     [10] residual mode (0 std, 1 mhar, 2 hc)  [11] H  [12] S  [13] HD
+     [10] residual mode (0 std, 1 mhar, 2 hc, 3 delta)  [11] H  [12] S  [13] HD
      [14] content (0 params, 1 params + AdamW m and v, 2 gradient dump)
      [15] step  [16..23] loader/rng state (not interpreted here)
      [24] bytes per element (4 float32, 8 float64)
@@ -43,8 +43,8 @@ CKPT_MAGIC = 0x5241484D  # little-endian bytes 4D 48 41 52 = "MHAR"
 CKPT_VERSION = 2
 CKPT_CRC_INT = 30  # header int holding the CRC-32C (version 2)
 CONTENT_PARAMS, CONTENT_PARAMS_ADAM, CONTENT_GRADS = 0, 1, 2
-MODE_STD, MODE_MHAR, MODE_HC = 0, 1, 2
-_MODE_IDS = {"std": MODE_STD, "mhar": MODE_MHAR, "hc": MODE_HC}
+MODE_STD, MODE_MHAR, MODE_HC, MODE_DELTA = 0, 1, 2, 3
+_MODE_IDS = {"std": MODE_STD, "mhar": MODE_MHAR, "hc": MODE_HC, "delta": MODE_DELTA}
 
 # Magic numbers of other files that might be handed to us by mistake (for a better error).
 _OTHER_MAGICS = {
@@ -142,9 +142,9 @@ class Config:
     NH: int         # query heads
     NKV: int        # key/value heads (GQA)
     F: int          # SwiGLU hidden width
-    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1) or "hc"
-    H: int = 1      # routing heads (mhar only)
-    S: int = 1      # sublayers per block (mhar only; 1 = full mode)
+    mode: str = "mhar"  # "std", "mhar" (attnres is mhar with H = 1), "hc" or "delta" (SPEC section 9)
+    H: int = 1      # routing heads (mhar, delta)
+    S: int = 1      # sublayers per block (mhar: 1 = full mode; delta)
     n: int = 0      # hyper-connection streams (hc only; SPEC section 8)
 
     @property
@@ -169,7 +169,7 @@ class Config:
             p.append(f"NKV={self.NKV} does not divide NH={self.NH}")
         if self.mode not in _MODE_IDS:
             p.append(f"unknown residual mode {self.mode!r}")
-        if self.mode == "mhar":
+        if self.mode in ("mhar", "delta"):
             if self.H <= 0 or self.C % self.H:
                 p.append(f"routing heads H={self.H} must divide C={self.C}")
             if self.S <= 0:
@@ -197,7 +197,7 @@ def param_layout(cfg: Config) -> List[Tuple[str, Tuple[int, ...]]]:
         ("wd", (L, C, F)),
         ("lnfw", (C,)),                   # final norm g_f
     ]
-    if cfg.mode == "mhar":
+    if cfg.mode in ("mhar", "delta"):
         layout += [("rq", (2 * L + 1, C)),   # routing queries q_j, one per site
                    ("rg", (2 * L + 1, C))]   # routing key-norm weights gamma_j
     if cfg.mode == "hc":
@@ -205,6 +205,9 @@ def param_layout(cfg: Config) -> List[Tuple[str, Tuple[int, ...]]]:
         layout += [("hcalpha", (2 * L, n)),     # read logits alpha_j: w_j = softmax(alpha_j)
                    ("hca", (2 * L, n, n)),      # stream mix A_j[r, s]
                    ("hcbeta", (2 * L, n))]      # write weights beta_j
+    if cfg.mode == "delta":
+        layout += [("dnull", (2 * L + 1, C)),   # null sources n_j, one per site
+                   ("dalpha", (2 * L + 1,))]    # gates alpha_j of the routed mix
     return layout
 
 
@@ -293,7 +296,7 @@ def _header_to_config(path, h) -> Config:
     mode_id = int(h[10])
     names = {v: k for k, v in _MODE_IDS.items()}
     if mode_id not in names:
-        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 2 hc)")
+        _fail(path, f"unknown residual mode {mode_id} in header[10] (0 std, 1 mhar, 2 hc, 3 delta)")
     cfg = Config(V=int(h[2]), Vp=int(h[3]), T=int(h[4]), L=int(h[5]), C=int(h[6]),
                  NH=int(h[7]), NKV=int(h[8]), F=int(h[9]),
                  mode=names[mode_id], H=int(h[11]), S=int(h[12]),

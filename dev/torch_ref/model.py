@@ -83,7 +83,7 @@ def route(sources: List[torch.Tensor], q: torch.Tensor, gamma: torch.Tensor,
 
 
 class MHAR(nn.Module):
-    """The transformer of SPEC 3 with the residual modes of SPEC 4 and 5."""
+    """The transformer of SPEC 3 with the residual modes of SPEC 4, 5 and 9."""
 
     def __init__(self, cfg: Config):
         super().__init__()
@@ -103,11 +103,12 @@ class MHAR(nn.Module):
     def init_weights(self, generator: Optional[torch.Generator] = None):
         """SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0.
         SPEC 8 (hc): alpha 0.02 N(0,1), A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1).
+        SPEC 9: delta's null sources and gates 0.
         CHOICE: the padded rows V..Vp-1 of wte are set to 0 (they never enter the loss)."""
         for name, p in self.named_parameters():
             if name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
                 p.fill_(1.0)
-            elif name == "rq":
+            elif name in ("rq", "dnull", "dalpha"):
                 p.zero_()
             elif name in ("hcalpha", "hca", "hcbeta"):
                 p.normal_(0.0, 0.02, generator=generator)
@@ -205,6 +206,23 @@ class MHAR(nn.Module):
         sources = blocks if partial is None else blocks + [partial]
         return route(sources, self.rq[j], self.rg[j], H)
 
+    def _stream_delta(self, x0: torch.Tensor, S: int) -> torch.Tensor:
+        """SPEC 9 delta: the std stream x_j, and at every site j
+            h_j = x_j + alpha_j * route_j([n_j, b_0, b_1, .., b_m]),  m = j // S
+        n_j the site's null source (the same vector at every position), b_0 = x_0 and
+        b_k = x_{kS} - x_{(k-1)S} (taken literally, as stream differences). The final site
+        reads all completed blocks, m = 2L // S (CHOICE, SPEC 9: a trailing partial block is
+        not a source)."""
+        H, L2 = self.cfg.H, 2 * self.cfg.L
+        xs = [x0]                                   # x_0 .. x_j
+        for j in range(L2 + 1):
+            blocks = [xs[k * S] - xs[(k - 1) * S] for k in range(1, j // S + 1)]
+            sources = [self.dnull[j].expand_as(x0), x0] + blocks
+            h = xs[j] + self.dalpha[j] * route(sources, self.rq[j], self.rg[j], H)
+            if j == L2:
+                return h
+            xs.append(xs[j] + self.sublayer(j, h))
+
     def _stream_hc(self, x0: torch.Tensor) -> torch.Tensor:
         """SPEC 8 hyper-connections with n streams X_r (stacked as (n, B, T, C)):
         X_r = embedding for every r; per sublayer j, w = softmax(alpha_j),
@@ -230,11 +248,13 @@ class MHAR(nn.Module):
         return self.head(self.stream(x0), targets)
 
     def stream(self, x0: torch.Tensor) -> torch.Tensor:
-        """Embedding -> h_final, by the residual mode of the config (SPEC 4, 5)."""
+        """Embedding -> h_final, by the residual mode of the config (SPEC 4, 5, 9)."""
         if self.cfg.mode == "std":
             return self._stream_std(x0)
         if self.cfg.mode == "hc":
             return self._stream_hc(x0)
+        if self.cfg.mode == "delta":
+            return self._stream_delta(x0, self.cfg.S)
         if self.cfg.S == 1:
             return self._stream_full(x0)
         return self._stream_block(x0, self.cfg.S)

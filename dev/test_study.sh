@@ -68,7 +68,7 @@ for n in ('study_train_000000.bin.xz', 'study_val_000000.bin.xz'): open(sys.argv
 cat > "$W/matrix.txt" <<'EOF'
 common -preset test -V 61 -b 4 -n 6 -val_every 2 -val_batches 2 -sample_every 0
 std_s1      1  1.00  -r std
-hc4_s1      1  0.90  -r hc -hc_n 4
+mhar5_s1    1  0.90  -r mhar -H 5
 attnres_s1  1  0.90  -r attnres
 EOF
 export MATRIX="$W/matrix.txt" RESULTS="$W/res" DATA="$W/data" TRAINER=./train_mhar PROBE_FLAGS="-b 2 -n 1 -t 16" OMP_NUM_THREADS=1
@@ -82,11 +82,11 @@ tar -xzf "$W/out1/study_results.tar.gz" -C "$W/res"   # what the lead commits un
 RUNS="$W/runs2" OUT="$W/out2" bash dev/runs/study.sh > "$W/s2.out" 2>&1   # a bare machine: runs2 is new
 check "study.sh, second call on a bare machine (exit 0)" [ $? -eq 0 ]
 check "second call skips std_s1 (done in the results folder)" eval '! grep -q "done std_s1" "$W/out2/chunk.txt" && [ ! -d "$W/runs2/std_s1" ]'
-check "a run the trainer refuses (-r hc here) is reported FAILED, and the chunk goes on" \
-    eval 'grep -q "FAILED hc4_s1" "$W/out2/chunk.txt" && grep -q "done attnres_s1" "$W/out2/chunk.txt"'
+check "a run the trainer refuses (-H 5 does not divide C = 32) is reported FAILED, and the chunk goes on" \
+    eval 'grep -q "FAILED mhar5_s1" "$W/out2/chunk.txt" && grep -q "done attnres_s1" "$W/out2/chunk.txt"'
 tar -tzf "$W/out2/study_results.tar.gz" > "$W/list2" 2>/dev/null
-check "second chunk packs attnres_s1 with its probe (probe.csv, probe_width.csv), not hc4_s1" \
-    eval 'grep -qx attnres_s1/probe_width.csv "$W/list2" && grep -qx attnres_s1/probe.csv "$W/list2" && ! grep -q hc4 "$W/list2"'
+check "second chunk packs attnres_s1 with its probe (probe.csv, probe_width.csv), not mhar5_s1" \
+    eval 'grep -qx attnres_s1/probe_width.csv "$W/list2" && grep -qx attnres_s1/probe.csv "$W/list2" && ! grep -q mhar5 "$W/list2"'
 check "the probe's alpha matches the model's weights (< 1e-5)" \
     eval 'tar -xzOf "$W/out2/study_results.tar.gz" attnres_s1/probe.txt | awk "/max \\|difference\\|/ {f = 1; if (\$NF + 0 > 1e-5) exit 1} END {exit !f}"'
 tar -xzf "$W/out2/study_results.tar.gz" -C "$W/res"

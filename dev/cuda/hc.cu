@@ -68,7 +68,10 @@ the repository's std measurement (695K tokens/s, 12.0 GiB: a micro-step of 32768
 
 Tolerances (rel = max|gpu - ref| / max|ref|; PASS needs every |gpu - ref| <= rtol |ref| + atol max|ref|).
 The reference computes in fp64 from the bf16 inputs:
-  - X' (bf16): rtol 2^-8 (one rounding), atol 1e-6: A X + beta o in fp32 (n + 1 terms).
+  - X' (bf16): rtol 2^-7, atol 1e-6: A X + beta o in fp32 (n + 1 terms), rounded once; the
+    reference rounds its fp64 sum too, and where the two sums straddle a rounding boundary they
+    land one bf16 ulp apart, up to 2^-7 of the value (the H200 run of 2026-12-02 failed a 2^-8
+    bound this way at C=512 n=4, v1 and v2 alike, with normwise errors of 1.2e-3 to 1.9e-3).
   - h (bf16): rtol 2^-7 + atol 2^-8: h is summed from the rounded X' (each off by 2^-8) and rounded.
     The reference rounds X' to bf16 too (as the kernel does), so this is h's own rounding plus fp32.
   - dXp, dX (fp32): rtol 1e-5, atol 1e-6: fp32 sums of n + 1 terms.
@@ -367,7 +370,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                     std::vector<double> Xn(NS), h(NC);
                     ref_forward(D(in.X).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(),
                                 s.N, s.C, s.n, true, Xn.data(), h.data());
-                    ok &= compare("Xn", bytes_bf16_to_f(out[0]), Xn, 1.0 / 256, 1e-6);
+                    ok &= compare("Xn", bytes_bf16_to_f(out[0]), Xn, 1.0 / 128, 1e-6);
                     ok &= compare("h", bytes_bf16_to_f(out[1]), h, 1.0 / 128, 1.0 / 256);
                 } else {
                     std::vector<double> dXn(NS), dout(NC), dw(s.n, 0.0), dA(s.n * s.n, 0.0), db(s.n, 0.0);
@@ -417,7 +420,7 @@ static bool check_edges(uint64_t seed) {
     hc_update_read_forward(d.Xn, d.h, dx0, d.o, d.A, d.beta, d.w, s.N, s.C, n, 1);
     ref_forward(D(X0).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, s.C, n, true,
                 Xn.data(), h.data());
-    ok &= compare("xb:Xn", bytes_bf16_to_f(fetch_bytes(d.Xn, NS * 2)), Xn, 1.0 / 256, 1e-6);
+    ok &= compare("xb:Xn", bytes_bf16_to_f(fetch_bytes(d.Xn, NS * 2)), Xn, 1.0 / 128, 1e-6);
     ok &= compare("xb:h", bytes_bf16_to_f(fetch_bytes(d.h, NC * 2)), h, 1.0 / 128, 1.0 / 256);
     // 2. the final site: dXp_in = NULL (zero)
     std::vector<double> zeros(NS, 0.0);

@@ -39,14 +39,6 @@ off by O(1) of max|ref|.
 // The trainer's bf16 build.
 typedef __nv_bfloat16 floatX;
 
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 static void die(const char *msg, int C) { fprintf(stderr, "error: "); fprintf(stderr, msg, C); fprintf(stderr, "\n"); exit(1); }
 
 #include "lab_util.cuh"

@@ -100,16 +100,8 @@ lane-by-lane numpy simulation against the reference (NOTES_elementwise.md).
 typedef __nv_bfloat16 floatX;
 
 // ----------------------------------------------------------------------------
-// Checked CUDA calls, and the trainer's small helpers (train_mhar.cu)
+// The trainer's small helpers (train_mhar.cu); lab_util.cuh has the checked CUDA calls
 
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "error: CUDA: %s (%s:%d)\n", cudaGetErrorString(e), file, line);
-        exit(1);
-    }
-}
-#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 
 #include "lab_util.cuh"   // the labs' shared helpers: the trainer's small ones, inputs, checks, timing
 

@@ -91,14 +91,6 @@ The reference computes in fp64 from the bf16 inputs:
 
 typedef __nv_bfloat16 floatX;
 
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 
 #include "lab_util.cuh"
 #include "../../kernels/hc.cuh"   // v2

@@ -1,6 +1,18 @@
-// Helpers shared by the kernel labs elementwise.cu and residual.cu: the trainer's small ones, inputs, checks, timing.
-// Include after <vector>, <algorithm>, the floatX typedef and the lab's cudaCheck() / launchCheck().
+// Helpers shared by the kernel labs elementwise.cu, residual.cu, hc.cu and delta.cu: checked CUDA calls, the
+// trainer's small ones, inputs, checks, timing. Include after <stdio.h>, <vector>, <algorithm> and the floatX typedef.
 #pragma once
+
+// ---- checked CUDA calls: a failure prints the file and line and exits ----
+
+static void cuda_check(cudaError_t e, const char *file, int line) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
+        exit(1);
+    }
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
 
 // ---- the trainer's small helpers (train_mhar.cu), so its kernels compile unchanged ----
 

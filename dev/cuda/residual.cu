@@ -105,16 +105,8 @@ was written and compiled without a GPU; compute-sanitizer is not in the log.
 typedef __nv_bfloat16 floatX;
 
 // ----------------------------------------------------------------------------
-// Checked CUDA calls, and the trainer's small helpers (train_mhar.cu)
+// The trainer's small helpers (train_mhar.cu); lab_util.cuh has the checked CUDA calls
 
-static void cuda_check(cudaError_t e, const char *file, int line) {
-    if (e != cudaSuccess) {
-        fprintf(stderr, "CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(e));
-        exit(1);
-    }
-}
-#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
 static void die(const char *msg, int C) { fprintf(stderr, "error: "); fprintf(stderr, msg, C); fprintf(stderr, "\n"); exit(1); }
 
 #include "lab_util.cuh"   // the labs' shared helpers: the trainer's small ones, inputs, checks, timing

@@ -704,6 +704,15 @@ static void check_delta_binary(void) {
     check(rc0 == 0 && rc1 == 0 && rc2 == 0 && nc == 1 && nd == 6 && strcmp(lc[0], ld[0]) == 0,
           "trainer: the first loss after -init_from equals the std model's on the same batch (control step 11: %s, "
           "delta step 1: %s)", nc == 1 ? lc[0] : "?", nd >= 1 ? ld[0] : "?");
+    // the experiment's control: -r std -init_from restarts the std model like the conversion (step 0,
+    // AdamW from zero, the same batches), so its first loss is the same too, and it trains on
+    snprintf(cmd, sizeof(cmd), "%s -r std -n 3 -o %s/x -init_from %s/s/ckpt_000010.bin", base, tmpdir, tmpdir);
+    int rcx = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/x/log.txt", tmpdir);
+    int nx = read_losses(path, lr, 16);
+    check(rcx == 0 && nx == 3 && nd >= 1 && strcmp(lr[0], ld[0]) == 0,
+          "trainer: -r std -init_from (the control's restart) starts from the same loss as the conversion (%s vs %s), "
+          "exit %d, %d steps", nx >= 1 ? lr[0] : "?", nd >= 1 ? ld[0] : "?", rcx, nx);
 
     // the new parameters: init after -lr_new 0 (no weight decay on them either), moved with -lr_new 1
     Config cd = tiny_config(RES_DELTA, 2, 2);
@@ -734,6 +743,36 @@ static void check_delta_binary(void) {
           "(alpha_0 = %.3g after 3 steps)", frozen ? "yes" : "no", moved_new, np - front, have ? p1[alpha0] : 0.0);
     free(p0); free(p1); free(pi);
 
+    // -lr_route scales only mhar's routing queries: with 0 they stay at their init (0, no weight
+    // decay) while the rest trains; with 1 they move
+    Config cm = cd;
+    cm.mode = RES_MHAR; cm.S = 1;
+    config_finalize(&cm, "test");
+    np = param_count(&cm);
+    param_sizes(&cm, sizes);
+    size_t rq = 0;
+    for (int ti = 0; ti < P_RQ; ti++) { rq += sizes[ti]; }
+    p0 = (float *)malloc_check(np * sizeof(float)); p1 = (float *)malloc_check(np * sizeof(float));
+    pi = (float *)malloc_check(np * sizeof(float));
+    params_init(pi, &cm, 1337, 0.02f);   // the trainer's default -seed and -init_std
+    snprintf(cmd, sizeof(cmd), "%s -r mhar -H 2 -n 3 -lr_route 0 -o %s/q0", base, tmpdir);
+    int rq0 = run_cmd(cmd, err, sizeof(err));
+    snprintf(cmd, sizeof(cmd), "%s -r mhar -H 2 -n 3 -o %s/q1", base, tmpdir);
+    int rq1 = run_cmd(cmd, err, sizeof(err));
+    snprintf(path, sizeof(path), "%s/q0/ckpt_000003.bin", tmpdir);
+    have = rq0 == 0 && rq1 == 0 && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p0, np); }
+    snprintf(path, sizeof(path), "%s/q1/ckpt_000003.bin", tmpdir);
+    have = have && access(path, R_OK) == 0;
+    if (have) { read_ckpt_params(path, p1, np); }
+    size_t q_moved0 = 0, q_moved1 = 0, w_moved0 = 0;
+    for (size_t i = rq; have && i < rq + sizes[P_RQ]; i++) { q_moved0 += p0[i] != 0; q_moved1 += p1[i] != 0; }
+    for (size_t i = 0; have && i < sizes[P_WTE]; i++) { w_moved0 += p0[i] != pi[i]; }
+    check(have && q_moved0 == 0 && q_moved1 > 0 && w_moved0 > 0,
+          "trainer: -lr_route 0 keeps mhar's routing queries at 0 (%zu of %zu moved) while the rest trains; "
+          "with the default %zu move (wte: %zu of %zu moved)", q_moved0, sizes[P_RQ], q_moved1, w_moved0, sizes[P_WTE]);
+    free(p0); free(p1); free(pi);
+
     // a delta run resumes bit for bit
     snprintf(cmd, sizeof(cmd), "%s -r delta -H 2 -S 2 -n 6 -o %s/r -resume %s/d/ckpt_000003.bin", base, tmpdir, tmpdir);
     int rc4 = run_cmd(cmd, err, sizeof(err));
@@ -760,7 +799,7 @@ static void check_delta_binary(void) {
     snprintf(a3, sizeof(a3), "-r delta -H 2 -init_from %s/s/ckpt_000010.bin -resume %s/d/ckpt_000003.bin", tmpdir, tmpdir);
     bad[0].what = "converting a delta checkpoint"; bad[0].args = a0; bad[0].expect = "is a delta checkpoint (residual mode 3)";
     bad[1].what = "converting another shape"; bad[1].args = a1; bad[1].expect = "saved with L=2 but this run has L=3";
-    bad[2].what = "-init_from without -r delta"; bad[2].args = a2; bad[2].expect = "add -r delta";
+    bad[2].what = "-init_from with -r mhar"; bad[2].args = a2; bad[2].expect = "add -r delta";
     bad[3].what = "-init_from with -resume"; bad[3].args = a3; bad[3].expect = "both given";
     for (int i = 0; i < 4; i++) {
         snprintf(cmd, sizeof(cmd), "%s -n 1 %s", base, bad[i].args);

@@ -823,6 +823,7 @@ typedef struct {
     int B, T;                       // shape of the last forward
     float lr_new;                   // delta: learning rate of the new parameters (param_is_new) as a
                                     // multiple of the step's (-lr_new; 1 by default)
+    float lr_route;                 // mhar: the routing queries' learning-rate multiple (-lr_route; 1)
     real loss;                      // mean loss of the last forward with targets
     real ce_dloss;                  // the dloss with which the last forward already wrote dlogits over the
                                     // logits; 0: model_backward runs crossentropy_backward
@@ -840,6 +841,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     point_params(&m->params, m->params_mem, m->sizes);
     point_params(&m->grads, m->grads_mem, m->sizes);
     m->lr_new = 1.0f;
+    m->lr_route = 1.0f;
     float *init = (float *)malloc_check(m->nparams * sizeof(float));
     params_init(init, cfg, seed, init_std);
     for (size_t i = 0; i < m->nparams; i++) { m->params_mem[i] = init[i]; }
@@ -1245,7 +1247,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
     size_t off = 0;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         real decay = param_is_decayed(ti) ? wd : 0;
-        real lrt = param_is_new(&m->cfg, ti) ? lr * m->lr_new : lr;   // delta's new parameters: -lr_new
+        real lrt = lr * param_lr_scale(&m->cfg, ti, m->lr_new, m->lr_route);   // -lr_new, -lr_route
         #pragma omp parallel for
         for (size_t i = off; i < off + m->sizes[ti]; i++) {
             real g = m->grads_mem[i] * gscale;

@@ -240,6 +240,7 @@ typedef struct {
     float ce_dloss;                 // the dloss with which the last forward already wrote dlogits over the
                                     // logits (crossentropy_fused); 0: model_backward runs crossentropy_backward
     float lr_new;                   // delta: learning-rate multiple of the new parameters (-lr_new)
+    float lr_route;                 // mhar: the routing queries' learning-rate multiple (-lr_route)
 } Model;
 
 // Copy float32 host parameters (checkpoint layout) into the master and floatX copies.
@@ -273,6 +274,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->lr_new = 1.0f;
+    m->lr_route = 1.0f;
     param_sizes(cfg, m->sizes);
     m->nparams = param_count(cfg);
     if (cublas == NULL) {
@@ -1011,7 +1013,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
     size_t off = 0;
     for (int ti = 0; ti < NUM_PARAM_TENSORS; ti++) {
         float decay = param_is_decayed(ti) ? wd : 0;
-        float lrt = param_is_new(&m->cfg, ti) ? lr * m->lr_new : lr;   // delta's new parameters: -lr_new
+        float lrt = lr * param_lr_scale(&m->cfg, ti, m->lr_new, m->lr_route);   // -lr_new, -lr_route
         size_t n = m->sizes[ti];
         if (n > 0) {
             adamw_step(m->params_mem + off, m->paramsX_mem + off, m->grads_mem + off, m->adam_m + off,

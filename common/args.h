@@ -17,6 +17,7 @@ typedef struct {
     int steps;               // -n  optimizer steps
     float lr;                // -lr peak learning rate
     float lr_new;            // -lr_new learning rate of delta's new parameters, as a multiple of lr
+    float lr_route;          // -lr_route learning rate of mhar's routing queries, as a multiple of lr
     int warmup;              // -warmup linear warmup steps
     float lr_min_frac;       // -lr_min cosine floor as a fraction of the peak
     float wd;                // -wd AdamW weight decay
@@ -48,6 +49,7 @@ static void args_defaults(TrainArgs *a) {
     a->steps = 200;
     a->lr = 1e-3f;
     a->lr_new = 1.0f;
+    a->lr_route = 1.0f;
     a->warmup = 20;
     a->lr_min_frac = 0.1f;
     a->wd = 0.1f;
@@ -80,7 +82,8 @@ static void args_usage(const char *prog) {
         "  -o DIR         write DIR/log.txt and DIR/ckpt_STEP.bin (default: none)\n"
         "  -resume FILE   continue from a checkpoint: weights, AdamW state, step, data position\n"
         "  -init_from FILE  convert a std checkpoint into this -r delta model: its weights, the\n"
-        "                 new parameters at their init, AdamW from zero at step 0, its data position\n"
+        "                 new parameters at their init, AdamW from zero at step 0, its data position;\n"
+        "                 with -r std the same restart without new parameters (the control)\n"
         "  -overwrite 1   a fresh run replaces the run in -o (its log and checkpoints); default 0 refuses\n"
         "optimisation (SPEC section 6):\n"
         "  -b N           micro-batch size in sequences (default 8)\n"
@@ -89,6 +92,8 @@ static void args_usage(const char *prog) {
         "  -lr X          peak learning rate (default 1e-3)\n"
         "  -warmup N      linear warmup steps (default 20; after -init_from: the re-warmup)\n"
         "  -lr_new X      delta: learning rate of q, gamma, null, alpha as a multiple of -lr (default 1)\n"
+        "  -lr_route X    mhar/attnres: learning rate of the routing queries q as a multiple of -lr\n"
+        "                 (default 1, the paper's; an extension, see README \"Reproducing the paper\")\n"
         "  -lr_min X      cosine floor as a fraction of the peak (default 0.1)\n"
         "  -wd X          AdamW weight decay on matrices (default 0.1)\n"
         "  -beta1 X -beta2 X -eps X   AdamW (default 0.9 0.95 1e-8)\n"
@@ -152,6 +157,7 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
         else if (strcmp(f, "d") == 0) { a->total_batch = (long)parse_int_flag("d", v, 1, 1ll << 40); d_given = 1; }
         INT_FLAG("n", a->steps, 1, INT_MAX - 1)
         REAL_FLAG("lr", a->lr, 0, 0, 1e30, 0) REAL_FLAG("lr_new", a->lr_new, 0, 0, 1e30, 0)
+        REAL_FLAG("lr_route", a->lr_route, 0, 0, 1e30, 0)
         INT_FLAG("warmup", a->warmup, 0, INT_MAX - 1)
         REAL_FLAG("lr_min", a->lr_min_frac, 0, 0, 1, 0)
         REAL_FLAG("wd", a->wd, 0, 0, 1e30, 0) REAL_FLAG("beta1", a->beta1, 0, 0, 1, 1)
@@ -168,9 +174,9 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
     }
     if (c->mode == RES_DELTA && !s_given) { c->S = 8; }
     config_finalize(c, "flags");
-    if (a->init_from[0] != '\0' && c->mode != RES_DELTA) {
-        die("-init_from %s converts a std checkpoint into a delta model; add -r delta "
-            "(to continue a run in its own mode, use -resume)", a->init_from);
+    if (a->init_from[0] != '\0' && c->mode != RES_DELTA && c->mode != RES_STD) {
+        die("-init_from %s converts a std checkpoint into a delta model; add -r delta (or -r std for the "
+            "control: the same weights, restarted like the conversion); to continue a run, use -resume", a->init_from);
     }
     if (a->init_from[0] != '\0' && a->resume[0] != '\0') {
         die("-init_from %s and -resume %s both given; convert once with -init_from, then continue "

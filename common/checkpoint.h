@@ -193,21 +193,23 @@ static void ckpt_check_config(const char *path, const Config *file, const Config
     }
 }
 
-// Die unless a checkpoint can be converted into the delta run's model: it must
-// be std, with the same shape as the run's flags.
+// Die unless a checkpoint can be converted into the run's model (delta, or std
+// for the control's restart): it must be std, with the same shape as the run's flags.
 static void ckpt_check_convert(const char *path, const Config *file, const Config *run) {
     if (file->mode != RES_STD) {
         die("%s is a %s checkpoint (residual mode %d); -init_from converts a std checkpoint "
             "(one trained with -r std)", path, config_mode_name(file), file->mode);
     }
-    if (run->mode != RES_DELTA) { die("internal: converting %s into a %s model", path, config_mode_name(run)); }
+    if (run->mode != RES_DELTA && run->mode != RES_STD) {
+        die("internal: converting %s into a %s model", path, config_mode_name(run));
+    }
     const char *names[] = {"V", "T", "L", "C", "NH", "NKV", "F"};
     int a[] = {file->V, file->T, file->L, file->C, file->NH, file->NKV, file->F};
     int b[] = {run->V, run->T, run->L, run->C, run->NH, run->NKV, run->F};
     for (int i = 0; i < 7; i++) {
         if (a[i] != b[i]) {
             die("%s was saved with %s=%d but this run has %s=%d; give -init_from the std run's shape "
-                "flags (-preset -L -C -NH -NKV -F -T -V) with -r delta", path, names[i], a[i], names[i], b[i]);
+                "flags (-preset -L -C -NH -NKV -F -T -V)", path, names[i], a[i], names[i], b[i]);
         }
     }
 }
@@ -281,7 +283,7 @@ static void ckpt_save(const char *path, const Config *cfg, CkptInfo info, size_t
 // the file has them, into *adam_m and *adam_v, which alloc (n zeroed values
 // in the trainer's memory) makes first where they are NULL.
 // With info->convert set (-init_from), path is a std checkpoint and cfg a delta
-// model of its shape: the std tensors come first in delta's layout, in the same
+// (or, for the control's restart, std) model of its shape: the std tensors come first in delta's layout, in the same
 // order (config.h; std stores no routing tensors), so the file's parameters
 // fill the front of params and delta's new tensors keep the values the model
 // was built with (their init); AdamW state is not read (it starts from zero).

@@ -193,6 +193,16 @@ static int param_is_new(const Config *c, int i) {
     return c->mode == RES_DELTA && (i == P_RQ || i == P_RG || i == P_DNULL || i == P_DALPHA);
 }
 
+// Tensor i's learning rate as a multiple of the step's: -lr_new for delta's new
+// parameters; -lr_route for mhar's (and attnres's) routing queries q_j, an
+// extension beyond the paper (default 1): a head's logit sums only C/H channels
+// of q . k, so under AdamW it grows about H times more slowly than AttnRes's.
+static float param_lr_scale(const Config *c, int i, float lr_new, float lr_route) {
+    if (param_is_new(c, i)) { return lr_new; }
+    if (c->mode == RES_MHAR && i == P_RQ) { return lr_route; }
+    return 1.0f;
+}
+
 // ---------------------------------------------------------------------------
 // Routing geometry (SPEC sections 4 and 5).
 //

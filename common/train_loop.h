@@ -12,9 +12,9 @@
 //                                                         logits (V floats) on the host
 // Data-parallel runs (common/dist.h) also read the Model's grads_mem and
 // params_mem (nparams values each; fp32 device arrays on the NCCL path).
-// Both trainers run delta mode (SPEC section 9): their Model has a field lr_new
-// (the learning-rate multiple of the new parameters, config.h's param_is_new,
-// read by its adamw_update), set here from -lr_new.
+// Both trainers' Model has the fields lr_new and lr_route (learning-rate
+// multiples, config.h's param_lr_scale, read by their adamw_update), set here
+// from -lr_new and -lr_route.
 #pragma once
 #include <sys/resource.h>
 #include "args.h"
@@ -189,6 +189,7 @@ static int train_main(int argc, char **argv) {
     Model model;
     model_build(&model, cfg, args.seed, args.init_std);
     model.lr_new = args.lr_new;
+    model.lr_route = args.lr_route;
     CkptInfo state;
     memset(&state, 0, sizeof(state));
     state.rng = args.seed ^ 0xA5A5A5A5ull;
@@ -196,16 +197,16 @@ static int train_main(int argc, char **argv) {
         // SPEC section 9's conversion: the std model's weights, the new parameters at their init
         // (alpha = 0: the model computes exactly what the std model did), AdamW from zero state at
         // step 0 (-warmup is the re-warmup). The data stream and the sampling rng continue where
-        // the std run stopped, so a converted run and a std run resumed from the same file (the
-        // control) see the same batches.
+        // the std run stopped. With -r std it is the control: the same restart (weights, zero
+        // AdamW, schedule, batches) with no new parameters, so the two arms differ only by them.
         CkptInfo from;
         memset(&from, 0, sizeof(from));
         from.convert = 1;
         model_load(&model, args.init_from, &from);
         state.shard = from.shard; state.pos = from.pos;
         if (from.content == CKPT_TRAIN) { state.rng = from.rng; }
-        printf("converted %s (std, step %d) into delta: new parameters at their init, AdamW from zero\n",
-               args.init_from, from.step);
+        printf("converted %s (std, step %d) into %s: %sAdamW from zero\n", args.init_from, from.step,
+               config_mode_name(cfg), cfg->mode == RES_DELTA ? "new parameters at their init, " : "");
     }
     if (args.resume[0] != '\0') {
         model_load(&model, args.resume, &state);

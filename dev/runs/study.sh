@@ -10,6 +10,7 @@
 #   anywhere:        bash dev/runs/study.sh --status       done / pending, and the chunks still needed
 #                    bash dev/runs/study.sh --dry-run      what the next chunk would run
 #   on the device:   bash dev/runs/study.sh --probe        probe every routed checkpoint under runs/study
+#                    bash dev/runs/study.sh --unpack       only decompress the shards into BIN (for other scripts)
 #
 # Done means: dev/results/study/<run>/log.txt exists (committed) or runs/study/<run>/log.txt
 # reaches the last step's val loss (same machine, earlier call). Runs finish inside one call:
@@ -99,8 +100,9 @@ while [ $# -gt 0 ]; do
         --status) MODE=status; shift ;;
         --dry-run) MODE=dry; shift ;;
         --probe) MODE=probe; shift ;;
-        -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument '$1'; use --prepare, --next K, --budget S, --only REGEX, --status, --dry-run or --probe" ;;
+        --unpack) MODE=unpack; shift ;;
+        -h|--help) awk 'NR > 1 && /^set / {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$1'; use --prepare, --next K, --budget S, --only REGEX, --status, --dry-run, --probe or --unpack" ;;
     esac
 done
 [[ $NEXT =~ ^[0-9]+$ ]] || die "--next '$NEXT' is not a count; give a whole number (0 = no cap)"
@@ -174,6 +176,7 @@ os.rename(sys.argv[2] + '.tmp', sys.argv[2])" "$f" "$b"
 done
 DATA_FLAGS=(-i "$BIN/*_train_*.bin" -j "$BIN/*_val_*.bin")
 [ ! -f "$DATA/tokenizer.bin" ] || DATA_FLAGS+=(-tok "$DATA/tokenizer.bin")
+if [ "$MODE" = unpack ]; then echo "study: shards in $BIN: $(ls "$BIN"/*.bin | tr '\n' ' ')"; exit 0; fi
 mkdir -p "$RUNS"
 rm -f "$RUNS/study_results.tar.gz"   # never hand back a previous call's pack
 make -s dev/route_probe > "$RUNS/make_probe.txt" 2>&1 &

@@ -37,6 +37,7 @@ PAPER = {
     "mhar8": "-0.061; FineWeb 3 seeds: -0.045 +- 0.007",
     "mhar16": "-0.035",
     "hc4": "-0.032 (hyper-connections)",
+    "mhar8lr8": "not in the paper (our extension: -lr_route 8)",
 }
 PAPER_WIDTH = "100M: 0.273 trained, 0.038 null"
 

@@ -5,8 +5,8 @@
 #   on the device:  bash dev/runs/delta_experiment.sh            the three runs below (about 4 minutes
 #                                                                 on an H200), packed into $OUT
 #   here, after:    bash dev/runs/delta_experiment.sh --report    unpack $OUT's pack first into
-#                                                                 dev/results/delta/; writes summary.md
-#                                                                 and loss.png there
+#                                                                 dev/results/delta/; writes summary.md,
+#                                                                 loss.png and loss_difference.png there
 #
 #   1. pre      std at the 100m shape, PRE steps (the study's data, LR and schedule, seed 1)
 #   2. control  -r std   -init_from pre's last checkpoint, ARM steps
@@ -56,6 +56,28 @@ if [ "${1:-}" = --report ]; then
     mv "$RESULTS/summary.md.tmp" "$RESULTS/summary.md"
     /usr/bin/python3 dev/plot_loss.py "$RESULTS/control" "$RESULTS/delta" --labels "std control" "delta H=8 S=8" \
         --ema 0.9 --title "From the conversion on: std $PRE steps, then $ARM steps each arm" --out "$RESULTS/loss.png"
+    # the two curves overlap at this scale: their difference, val point by val point
+    /usr/bin/python3 - "$RESULTS" <<'PY'
+import sys, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+def val(path):
+    out = {}
+    for line in open(path):
+        f = line.split()
+        if len(f) >= 4 and f[0] == "step" and f[2] == "val_loss": out[int(f[1])] = float(f[3])
+    return out
+c, d = val(sys.argv[1] + "/control/log.txt"), val(sys.argv[1] + "/delta/log.txt")
+steps = sorted(set(c) & set(d))
+fig, ax = plt.subplots(figsize=(8, 4.5))
+ax.plot(steps, [d[s] - c[s] for s in steps], "o-", color="tab:orange")
+ax.axhline(0, color="gray", lw=0.8)
+ax.set_xlabel("step after the conversion"); ax.set_ylabel("val loss: delta H=8 S=8 minus std control")
+ax.set_title("The conversion's gain, val point by val point (below 0: delta is better)")
+ax.grid(alpha=0.3); fig.tight_layout(); fig.savefig(sys.argv[1] + "/loss_difference.png.tmp.png", dpi=100)
+import os; os.rename(sys.argv[1] + "/loss_difference.png.tmp.png", sys.argv[1] + "/loss_difference.png")
+print("wrote " + sys.argv[1] + "/loss_difference.png")
+PY
     cat "$RESULTS/summary.md"
     exit 0
 fi

@@ -1678,9 +1678,10 @@ __host__ __device__ __forceinline__ uint32_t v5_swz(uint32_t row, uint32_t col) 
 
 template <int HD>
 struct V5Cfg {
-    // one block per SM (288 threads x 128-157 registers); two blocks of HD 64 would need <= 96
-    // registers a thread (ptxas's cap for 2 x 288 threads), which spills the 64 S + 32 O accumulators
-    static constexpr int BR = 128, BC = 128, NP = HD / 64, ST = HD == 64 ? 4 : 2, THREADS = 288, MINB = 1;
+    // One block per SM: ptxas caps 288 threads at 168 registers (it counts whole warpgroups: 384 x 168
+    // = 64K), and two blocks of HD 64 at 96, which spills the 64 S + 32 O accumulators. HD 128 takes kv
+    // tiles of 64 so that S (32), P (16) and O (64 registers) of the overlapped variant fit in 168.
+    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64, ST = HD == 64 ? 4 : 3, THREADS = 288, MINB = 1;
     static constexpr int PANEL_Q = BR * 128, PANEL_KV = BC * 128;   // bytes of one 64-column panel
     static constexpr int Q_BYTES = NP * PANEL_Q, KV_BYTES = NP * PANEL_KV;
     static constexpr int NBARS = 1 + 3 * ST;                         // q full; per stage K full, V full, empty
@@ -1717,12 +1718,21 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // the compiler must not move accumulator reads or writes across the asynchronous wgmma window
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) { asm volatile("" : "+f"(d[i])::"memory"); }
+}
+
+template <int N>
+__device__ __forceinline__ void reg_fence_u(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) { asm volatile("" : "+r"(a[i][r])::"memory"); }
 }
 
 #define V5_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
@@ -1749,10 +1759,24 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)
         : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+// d (64 x 64 fp32) += A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major)
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, 1, 1, 1, 0, 0;\n"
+        : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+        : "l"(da), "l"(db));
+}
 #undef V5_F8
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
+    if constexpr (N == 128) { wgmma_ss_n128(d, da, db); } else { wgmma_ss_n64(d, da, db); }
+}
 #endif
 
-template <int HD>
+template <int HD, bool OVERLAP>
 __global__ void __launch_bounds__(V5Cfg<HD>::THREADS, V5Cfg<HD>::MINB)
 attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CUtensorMap tq,
                                const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -1797,35 +1821,35 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     // consumers: warpgroup wg owns rows q0 + 64 wg .. +63, warp wl of it rows rw .. rw + 15
     const int wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
     const int rw = q0 + wg * 64 + wl * 16;
-    float o[NP][32];
+    float o[NP][32], sc[BC / 2];
+    uint32_t pa[BC / 16][4];
 #pragma unroll
     for (int p = 0; p < NP; p++)
 #pragma unroll
         for (int i = 0; i < 32; i++) { o[p][i] = 0.f; }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
     const uint32_t qaddr = smem_u32(sQ) + wg * 64 * 128;
     mbar_wait(qfull, 0);
 
-    for (int j = 0; j < nkv; j++) {
+    // S_j = Q K_j^T into sc: issued and committed, not waited for
+    auto issue_s = [&](int j) {
         const int s = j % ST;
-        const unsigned ph = (j / ST) & 1;
-        const uint32_t kaddr = smem_u32(sK + s * C::KV_BYTES), vaddr = smem_u32(sV + s * C::KV_BYTES);
-        float sc[64];
+        const uint32_t kaddr = smem_u32(sK + s * C::KV_BYTES);
 #pragma unroll
-        for (int i = 0; i < 64; i++) { sc[i] = 0.f; }
-        mbar_wait(kfull + s, ph);
+        for (int i = 0; i < BC / 2; i++) { sc[i] = 0.f; }
+        mbar_wait(kfull + s, (j / ST) & 1);
         reg_fence(sc);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {   // k16 step kk: panel kk / 4, 32 bytes per step inside it
+        for (int kk = 0; kk < HD / 16; kk++) {   // k16 step kk: panel kk / 4, 32 bytes a step inside it
             const uint32_t koff = (kk % 4) * 32;
-            wgmma_ss_n128(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
+            wgmma_ss<BC>(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
                           v5_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
         }
         wgmma_commit();
-        wgmma_wait0();
-        reg_fence(sc);
-
+    };
+    // on a completed S_j: causal mask, running max m, alpha = exp2(m_old - m_new), sc = P_j = exp2(s sl2 - m), l
+    auto softmax = [&](int j) {
         const int k0 = j * BC;
         if (k0 + BC - 1 > rw) {   // the tile crosses the diagonal of some row of this warp
 #pragma unroll
@@ -1835,7 +1859,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
                     if (k0 + 8 * i + 2 * t4 + (e & 1) > rw + g + 8 * (e >> 1)) { sc[4 * i + e] = -INFINITY; }
                 }
         }
-        // online softmax, as v2: tile 0 holds key 0, visible to every row, so m is finite from then on
+        // as v2: tile 0 holds key 0, visible to every row, so m is finite from then on
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
@@ -1843,13 +1867,10 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             for (int i = 0; i < BC / 8; i++) { mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1])); }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(m[r], mx * sl2), alpha = exp2f(m[r] - mnew);
+            const float mnew = fmaxf(m[r], mx * sl2);
+            alpha[r] = exp2f(m[r] - mnew);
             m[r] = mnew;
-            l[r] *= alpha;
-#pragma unroll
-            for (int p = 0; p < NP; p++)
-#pragma unroll
-                for (int i = 0; i < 8; i++) { o[p][4 * i + 2 * r] *= alpha; o[p][4 * i + 2 * r + 1] *= alpha; }
+            l[r] *= alpha[r];
 #pragma unroll
             for (int i = 0; i < BC / 8; i++) {
                 sc[4 * i + 2 * r] = exp2f(fmaf(sc[4 * i + 2 * r], sl2, -mnew));
@@ -1857,7 +1878,18 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
                 l[r] += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
             }
         }
-        uint32_t pa[BC / 16][4];
+    };
+    auto rescale = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                o[p][4 * i] *= alpha[0]; o[p][4 * i + 1] *= alpha[0];
+                o[p][4 * i + 2] *= alpha[1]; o[p][4 * i + 3] *= alpha[1];
+            }
+    };
+    // P_j (in sc) -> bf16 A fragments pa (register pairs of the accumulator, see the top comment)
+    auto pack = [&]() {
 #pragma unroll
         for (int kc = 0; kc < BC / 16; kc++) {
             pa[kc][0] = pack_bf16(sc[8 * kc], sc[8 * kc + 1]);
@@ -1865,22 +1897,65 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             pa[kc][2] = pack_bf16(sc[8 * kc + 4], sc[8 * kc + 5]);
             pa[kc][3] = pack_bf16(sc[8 * kc + 6], sc[8 * kc + 7]);
         }
-        mbar_wait(vfull + s, ph);
+    };
+    // O += P_j V_j: issued and committed, not waited for
+    auto issue_pv = [&](int j) {
+        const int s = j % ST;
+        const uint32_t vaddr = smem_u32(sV + s * C::KV_BYTES);
+        mbar_wait(vfull + s, (j / ST) & 1);
 #pragma unroll
         for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+        reg_fence_u(pa);
         wgmma_fence();
 #pragma unroll
-        for (int kc = 0; kc < BC / 16; kc++)   // k16 step kc: key rows 16 kc.., 2048 bytes per step
+        for (int kc = 0; kc < BC / 16; kc++)   // k16 step kc: key rows 16 kc.., 2048 bytes a step
 #pragma unroll
             for (int p = 0; p < NP; p++) {
                 wgmma_rs_n64(o[p], pa[kc], v5_desc(vaddr + p * C::PANEL_KV + kc * 2048, C::PANEL_KV, 1024));
             }
         wgmma_commit();
-        wgmma_wait0();
+    };
+    // after the wgmmas reading stage j % ST completed: this warp releases the stage to the producer
+    auto release = [&](int j) {
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + j % ST); }
+    };
+    auto settle = [&]() {   // every issued wgmma of this thread completed; its registers are final
+        wgmma_wait<0>();
+        reg_fence(sc);
 #pragma unroll
         for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
-        __syncwarp();
-        if (lane == 0) { mbar_arrive(empty + s); }   // this warp's reads of stage s are complete
+        reg_fence_u(pa);
+    };
+
+    if (!OVERLAP) {   // S_j, softmax, P_j V_j, one after the other
+        for (int j = 0; j < nkv; j++) {
+            issue_s(j);
+            settle();
+            softmax(j);
+            rescale();
+            pack();
+            issue_pv(j);
+            settle();
+            release(j);
+        }
+    } else {          // S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
+        issue_s(0);
+        settle();
+        softmax(0);   // O = 0: no rescale
+        for (int j = 0; j < nkv; j++) {
+            pack();
+            if (j + 1 < nkv) { issue_s(j + 1); }
+            issue_pv(j);
+            if (j + 1 < nkv) {
+                wgmma_wait<1>();   // S_{j+1} complete (groups complete in order); P_j V_j may still run
+                reg_fence(sc);
+                softmax(j + 1);
+            }
+            settle();
+            if (j + 1 < nkv) { rescale(); }
+            release(j);
+        }
     }
 
 #pragma unroll
@@ -1905,7 +1980,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             *(uint32_t *)(o1 + col) = pack_bf16(o[p][4 * i + 2] * inv1, o[p][4 * i + 3] * inv1);
         }
 #else
-    __trap();   // built without sm_90a: the host never launches v5 then (v5_built() is false)
+    __trap();   // built without sm_90a: the host never launches v5 then (v5_device_unsupported)
 #endif
 }
 
@@ -1960,32 +2035,32 @@ static int v5_selftest_hd() {
 
     for (int wg = 0; wg < 2; wg++) {
         // S = Q K^T for this warpgroup's 64 rows: d[thread][v], thread = 32 w + lane
-        static double sc[128][64];
+        static double sc[128][BC / 2];
         memset(sc, 0, sizeof sc);
         const uint32_t qaddr = qbase + wg * 64 * 128;
         for (int kk = 0; kk < HD / 16; kk++) {
             const uint32_t koff = (kk % 4) * 32;
             const uint64_t da = v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024);
             const uint64_t db = v5_desc(kbase + (kk / 4) * C::PANEL_KV + koff, 16, 1024);
-            double A[64][16], B[16][128];
+            double A[64][16], B[16][BC];
             for (int mm = 0; mm < 64; mm++)
                 for (int k = 0; k < 16; k++) { A[mm][k] = smem[emu_kmajor(da, mm, k) / 2]; }
-            for (int n = 0; n < 128; n++)
+            for (int n = 0; n < BC; n++)
                 for (int k = 0; k < 16; k++) { B[k][n] = smem[emu_kmajor(db, n, k) / 2]; }
             for (int th = 0; th < 128; th++)
-                for (int v = 0; v < 64; v++) {
+                for (int v = 0; v < BC / 2; v++) {
                     const int w = th / 32, lane = th % 32;
                     const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
                     for (int k = 0; k < 16; k++) { sc[th][v] += A[row][k] * B[k][col]; }
                 }
         }
         // accumulator coverage and values
-        std::vector<int> cov(64 * 128, 0);
+        std::vector<int> cov(64 * BC, 0);
         for (int th = 0; th < 128; th++)
-            for (int v = 0; v < 64; v++) {
+            for (int v = 0; v < BC / 2; v++) {
                 const int w = th / 32, lane = th % 32;
                 const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
-                cov[row * 128 + col]++;
+                cov[row * BC + col]++;
                 double ref = 0;
                 for (int d = 0; d < HD; d++) { ref += (double)Q[(64 * wg + row) * HD + d] * K[col * HD + d]; }
                 bad += sc[th][v] != ref;
@@ -2023,12 +2098,12 @@ static int v5_selftest_hd() {
             }
         }
         // the kernel's epilogue coordinates: o[p][4i + 2h + e] -> row rw + g + 8h, column 64p + 8i + 2t + e
-        std::vector<double> Sd(64 * 128);
+        std::vector<double> Sd(64 * BC);
         for (int r = 0; r < 64; r++)
-            for (int c = 0; c < 128; c++) {
+            for (int c = 0; c < BC; c++) {
                 double x = 0;
                 for (int d = 0; d < HD; d++) { x += (double)Q[(64 * wg + r) * HD + d] * K[c * HD + d]; }
-                Sd[r * 128 + c] = x;
+                Sd[r * BC + c] = x;
             }
         std::vector<int> ocov(64 * HD, 0);
         for (int th = 0; th < 128; th++)
@@ -2040,7 +2115,7 @@ static int v5_selftest_hd() {
                             const int row = 16 * w + lane / 4 + 8 * hh, col = 64 * p + 8 * i + 2 * (lane % 4) + e;
                             ocov[row * HD + col]++;
                             double ref = 0;
-                            for (int c = 0; c < BC; c++) { ref += Sd[row * 128 + c] * V[c * HD + col]; }
+                            for (int c = 0; c < BC; c++) { ref += Sd[row * BC + c] * V[c * HD + col]; }
                             bad += o[th][p][4 * i + 2 * hh + e] != ref;
                         }
         for (int x : ocov) { bad += x != 1; }
@@ -2264,29 +2339,50 @@ static const char *v5_device_unsupported() {
     }
     return state ? NULL : why;
 }
+// v5's variants (--variant K with --version 5): 0 = S_{j+1} and P_j V_j in flight during the softmax
+// of S_{j+1} (the intended kernel); 1 = each warpgroup's steps one after the other (simpler fallback)
+static const int V5_NVARIANTS = 2;
+static const char *v5_variant_name[V5_NVARIANTS] = {"overlap: S(j+1), PV(j) in flight during softmax(j+1)",
+                                                    "serial: S, softmax, PV in turn"};
 template <int HD>
 struct V5 {
     typedef V5Cfg<HD> C;
-    static void forward(const Shape &s, const Bufs &d) {
-        static bool init = false;
+    static const void *kernel(int var) {
+        return var == 0 ? (const void *)attention_forward_wgmma_kernel<HD, true>
+                        : (const void *)attention_forward_wgmma_kernel<HD, false>;
+    }
+    static void forward(const Shape &s, const Bufs &d, int var) {
+        static bool init[V5_NVARIANTS] = {};
         static const void *key[3] = {};
         static Shape ks = {0, 0, 0, 0, 0};
         static CUtensorMap tq, tk, tv;
-        auto kern = attention_forward_wgmma_kernel<HD>;
-        if (!init) { set_smem(kern, C::SMEM); init = true; }
+        if (!init[var]) {
+            cudaCheck(cudaFuncSetAttribute(kernel(var), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+            init[var] = true;
+        }
         if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s)) {
             tq = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, C::BR);
             tk = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
             tv = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
             key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s;
         }
-        kern<<<dim3(s.T / C::BR, s.NH, s.B), C::THREADS, C::SMEM>>>(d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV,
-                                                                  LOG2E / sqrtf((float)HD));
-        launch_check("attention_forward_wgmma_kernel");
+        const dim3 grid(s.T / C::BR, s.NH, s.B);
+        const float sl2 = LOG2E / sqrtf((float)HD);
+        if (var == 0) {
+            attention_forward_wgmma_kernel<HD, true><<<grid, C::THREADS, C::SMEM>>>(d.out, d.lse, tq, tk, tv, s.T, s.NH,
+                                                                                  s.NKV, sl2);
+        } else {
+            attention_forward_wgmma_kernel<HD, false><<<grid, C::THREADS, C::SMEM>>>(d.out, d.lse, tq, tk, tv, s.T, s.NH,
+                                                                                   s.NKV, sl2);
+        }
+        launch_check(var == 0 ? "attention_forward_wgmma_kernel<overlap>" : "attention_forward_wgmma_kernel<serial>");
     }
     static void info() {
-        Flash<HD, 4, 64, 64, true>::forward_info("v5", "fwd", (const void *)attention_forward_wgmma_kernel<HD>,
-                                                 C::THREADS, C::SMEM);
+        for (int var = 0; var < V5_NVARIANTS; var++) {
+            char tag[16];
+            snprintf(tag, sizeof tag, "v5.%d", var);
+            Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", kernel(var), C::THREADS, C::SMEM);
+        }
     }
 };
 
@@ -2310,7 +2406,7 @@ static void run_forward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? forward_v1<2>(s, d) : forward_v1<4>(s, d); }
     else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
     else if (ver == 3) { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
-    else if (ver == 5) { s.HD == 64 ? V5<64>::forward(s, d) : V5<128>::forward(s, d); }
+    else if (ver == 5) { s.HD == 64 ? V5<64>::forward(s, d, g_variant) : V5<128>::forward(s, d, g_variant); }
     else { forward_v4(s, d); }
 }
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
@@ -2446,7 +2542,7 @@ static bool check_version(int ver, Shape s, double qsd) {
                     e2o < tol && e2l < 1e-4;
     char tag[64] = "";
     if (ver == 4) { snprintf(tag, sizeof tag, ".%d", g_variant); }
-    if (ver == 5) { snprintf(tag, sizeof tag, " (vs v2 fwd: out %.2e lse %.2e)", e2o, e2l); }
+    if (ver == 5) { snprintf(tag, sizeof tag, ".%d (vs v2 fwd: out %.2e lse %.2e)", g_variant, e2o, e2l); }
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq%s %.2e dk %.2e dv %.2e | %s | "
            "repeat %s%s | %s\n", ver, tag, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, dq_fp32 ? "(fp32)" : "", eq, ek, ev,
            finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
@@ -2478,7 +2574,7 @@ static bool check(int ver) {
 
 static const double PEAK_TFLOPS = 790.0, PEAK_TBS = 4.3;
 
-struct BenchRow { int ver; Shape s; double fwd_ms, bwd_ms; };
+struct BenchRow { int ver, var; Shape s; double fwd_ms, bwd_ms; };
 
 static double median(std::vector<float> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; }
 
@@ -2498,7 +2594,7 @@ static void floors(const Shape &s, double *ffl, double *fby, double *bfl, double
 }
 
 static BenchRow bench_one(int ver, Shape s, int reps) {
-    BenchRow row = {ver, s, NAN, NAN};
+    BenchRow row = {ver, g_variant, s, NAN, NAN};
     const char *why = unsupported(ver, s);
     if (why) { printf("v%d: skipped (%s)\n", ver, why); return row; }
     Bufs d;
@@ -2527,8 +2623,8 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.fwd_ms = median(tf);
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
-    printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+    printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
+           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant ? ".1" : ".0") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -2536,7 +2632,7 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
 }
 
 static void print_table(const std::vector<BenchRow> &rows) {
-    printf("\n%-3s %-22s | %9s %8s %6s | %9s %8s %6s | floors fwd/bwd: flop ms, byte ms\n", "ver", "B,T,NH,NKV,HD",
+    printf("\n%-4s %-22s | %9s %8s %6s | %9s %8s %6s | floors fwd/bwd: flop ms, byte ms\n", "ver", "B,T,NH,NKV,HD",
            "fwd ms", "TFLOP/s", "%790", "bwd ms", "TFLOP/s", "%790");
     for (const BenchRow &r : rows) {
         double ffl, fby, bfl, bby;
@@ -2544,7 +2640,9 @@ static void print_table(const std::vector<BenchRow> &rows) {
         char sh[64];
         snprintf(sh, sizeof sh, "%d,%d,%d,%d,%d", r.s.B, r.s.T, r.s.NH, r.s.NKV, r.s.HD);
         const double ft = ffl / (r.fwd_ms * 1e-3) / 1e12, bt = bfl / (r.bwd_ms * 1e-3) / 1e12;
-        printf("v%-2d %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", r.ver, sh, r.fwd_ms,
+        char id[16];
+        if (r.ver == 5) { snprintf(id, sizeof id, "v5.%d", r.var); } else { snprintf(id, sizeof id, "v%d", r.ver); }
+        printf("%-4s %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", id, sh, r.fwd_ms,
                ft, 100 * ft / PEAK_TFLOPS, r.bwd_ms, bt, 100 * bt / PEAK_TFLOPS, ffl / PEAK_TFLOPS / 1e9,
                bfl / PEAK_TFLOPS / 1e9, fby / PEAK_TBS / 1e9, bby / PEAK_TBS / 1e9);
     }
@@ -2607,7 +2705,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-1) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }
@@ -2660,6 +2758,12 @@ int main(int argc, char **argv) {
     printf("seed %llu\n", (unsigned long long)seed);
     if (selftest) { return cpu_selftest(); }
     for (int x : variants) { if (x < 0 || x >= NVARIANTS) { usage(); } }
+    for (int x : variants) {
+        if (x >= V5_NVARIANTS && std::find(vers.begin(), vers.end(), 5) != vers.end()) {
+            fprintf(stderr, "--variant %d: v5 has variants 0..%d; pass --variant 0 or 1 with --version 5\n", x, V5_NVARIANTS - 1);
+            return 2;
+        }
+    }
     for (const Cfg &c : blist) { if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= NVARIANTS) { usage(); } }
     if (!blist.empty()) {
         cudaDeviceProp prop;
@@ -2689,27 +2793,25 @@ int main(int argc, char **argv) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, %.0f MB L2, %zu KB smem/block opt-in\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize / 1e6, prop.sharedMemPerBlockOptin / 1024);
-    bool ok = true, ver_ok[NVERSIONS + 1];
+    bool ok = true;
+    std::vector<std::pair<int, int>> failed;   // (version, variant) that failed --check: never timed
     auto has = [&](int x) { return std::find(vers.begin(), vers.end(), x) != vers.end(); };
-    for (int x = 0; x <= NVERSIONS; x++) { ver_ok[x] = true; }
+    auto variant_list = [&](int x) { return (x == 4 || x == 5) ? variants : std::vector<int>{0}; };
     if (do_check) {
         sync_launches = true;   // attribute an execution error to its kernel
-        for (int x : vers) {
-            if (x != 4) {
-                printf("--- check %s\n", version_name[x]);
-                ver_ok[x] = check(x);
-                ok &= ver_ok[x];
-                continue;
-            }
-            for (int var : variants) {
-                printf("--- check %s, variant %d: %s\n", version_name[x], var, v4_variants[var].name);
-                if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
+        for (int x : vers)
+            for (int var : variant_list(x)) {
+                if (x == 4) {
+                    printf("--- check %s, variant %d: %s\n", version_name[x], var, v4_variants[var].name);
+                    if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
+                } else if (x == 5) {
+                    printf("--- check %s, variant %d: %s\n", version_name[x], var, v5_variant_name[var]);
+                } else {
+                    printf("--- check %s\n", version_name[x]);
+                }
                 g_variant = var;
-                const bool r = check(x);
-                ver_ok[x] = ver_ok[x] && r;
-                ok &= r;
+                if (!check(x)) { ok = false; failed.push_back({x, var}); }
             }
-        }
         sync_launches = false;
         printf("check: %s\n", ok ? "PASS" : "FAIL");
     }
@@ -2731,11 +2833,16 @@ int main(int argc, char **argv) {
         }
         std::vector<BenchRow> rows;
         for (const Shape &s : shapes)
-            for (int x : vers) {
-                if (!ver_ok[x]) { printf("v%d: not timed (failed its check)\n", x); continue; }
-                g_variant = variants[0];
-                rows.push_back(bench_one(x, s, reps));
-            }
+            for (int x : vers)
+                for (int var : variant_list(x)) {
+                    if (x == 4 && var != variants[0]) { continue; }   // v4: the first variant only, as before
+                    if (std::find(failed.begin(), failed.end(), std::make_pair(x, var)) != failed.end()) {
+                        printf("v%d.%d: not timed (failed its check)\n", x, var);
+                        continue;
+                    }
+                    g_variant = var;
+                    rows.push_back(bench_one(x, s, reps));
+                }
         print_table(rows);
     }
     return ok ? 0 : 1;

@@ -3,15 +3,17 @@ dev/cuda/attention.cu: kernel lab for causal GQA attention (issue 5, "CUDA
 trainer speed"), forward and backward, developed here before anything moves
 into train_mhar.cu.
 
-Build (no cuDNN, CUTLASS or cuBLAS):
+Build (no cuDNN, CUTLASS or cuBLAS; no -lcuda: v5 takes cuTensorMapEncodeTiled from the runtime):
     nvcc -O3 -arch=sm_90a -o attention dev/cuda/attention.cu
 Run:
     ./attention --cpu-selftest               CPU reference only, needs no GPU
     ./attention --version N --check          validate version N against the CPU reference
     ./attention --version N --bench          time version N at the preset shapes
+    ./attention --version 2,3,5 --bench      several versions side by side (one table)
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
-  options: --shape B,T,NH,NKV,HD (bench this shape only), --reps N, --seed S,
-           --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check)
+  options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
+           --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
+                              v5's, 0-1)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -41,7 +43,13 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       Variants 3-7 ("lite"): the same kernel with red.add, per-warp turns and cheap releases,
       heavy-first tickets, lockstep visits, L2-local ticket batches; 1, 2, 8, 9: timing-only
       ablations (NOTES_attention.md, "v4 variants").
-Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
+  v5  the forward on Hopper's own instructions (sm_90a only): wgmma.mma_async (S = Q K^T with
+      both operands in shared memory, O += P V with P from registers), Q/K/V tiles by TMA in
+      the 128-byte swizzle, an mbarrier ring of K/V stages filled by a producer warp for two
+      consumer warpgroups (128 query rows a block). Variant 0 overlaps each softmax with the
+      next S and the previous P V on the tensor cores; variant 1 runs them in turn. Same out and
+      lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
+Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -2550,14 +2558,18 @@ static bool check_version(int ver, Shape s, double qsd) {
     return ok;
 }
 
+static const Shape *g_check_shape = NULL;   // --shape with --check: that shape only (q.sd 2)
 static bool check(int ver) {
+    if (g_check_shape) { return check_version(ver, *g_check_shape, 2.0); }
     // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; two with
-    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles
+    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles; T = 1024: 8 (HD 64) and
+    // 16 (HD 128) kv tiles for the last q tile, so that v5's ring of 4 (3) stages wraps
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
         {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0},
         {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0},
-        {{9, 256, 8, 4, 64}, 1.0}};   // 36 (b, kvh) groups: several ticket batches of v4's lite variants
+        {{9, 256, 8, 4, 64}, 1.0},    // 36 (b, kvh) groups: several ticket batches of v4's lite variants
+        {{1, 1024, 4, 2, 64}, 2.0}, {{1, 1024, 4, 2, 128}, 2.0}};
     bool ok = true;
     for (auto &c : cases) { ok &= check_version(ver, c.s, c.qsd); }
     return ok;
@@ -2752,6 +2764,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &user.B, &user.T, &user.NH, &user.NKV, &user.HD) != 5) { usage(); }
             have_shape = true;
+            g_check_shape = &user;
         } else { usage(); }
     }
     rng_state = seed;

@@ -13,7 +13,7 @@ Run:
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
   options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
            --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
-                              v5's, 0-1)
+                              v5's, 0-2)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -47,7 +47,8 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       both operands in shared memory, O += P V with P from registers), Q/K/V tiles by TMA in
       the 128-byte swizzle, an mbarrier ring of K/V stages filled by a producer warp for two
       consumer warpgroups (128 query rows a block). Variant 0 overlaps each softmax with the
-      next S and the previous P V on the tensor cores; variant 1 runs them in turn. Same out and
+      next S and the previous P V on the tensor cores; variant 1 runs them in turn; variant 2 is
+      1 without the producer warp (thread 0 refills the ring), two blocks per SM. Same out and
       lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
 Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
 
@@ -1684,12 +1685,17 @@ __host__ __device__ __forceinline__ uint32_t v5_swz(uint32_t row, uint32_t col) 
     return lin ^ (((lin >> 7) & 7) << 4);
 }
 
-template <int HD>
+// MODE (the variant): 0 = producer warp, overlapped consumers; 1 = producer warp, serial consumers;
+// 2 = no producer warp (thread 0 issues the copies between its own steps), serial consumers, 256
+// threads and 2 stages so that two blocks share an SM.
+template <int HD, int MODE = 0>
 struct V5Cfg {
-    // One block per SM: ptxas caps 288 threads at 168 registers (it counts whole warpgroups: 384 x 168
-    // = 64K), and two blocks of HD 64 at 96, which spills the 64 S + 32 O accumulators. HD 128 takes kv
-    // tiles of 64 so that S (32), P (16) and O (64 registers) of the overlapped variant fit in 168.
-    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64, ST = HD == 64 ? 4 : 3, THREADS = 288, MINB = 1;
+    // Modes 0 and 1, one block per SM: ptxas caps 288 threads at 168 registers (it counts whole
+    // warpgroups: 384 x 168 = 64K), and two such blocks at 96, which spills the 64 S + 32 O
+    // accumulators; HD 128 takes kv tiles of 64 so that S (32), P (16) and O (64 registers) of the
+    // overlapped mode fit in 168. Mode 2: 2 x 256 threads x 128 registers, 2 x (82 or 99 KB) smem.
+    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64;
+    static constexpr int ST = MODE == 2 ? 2 : HD == 64 ? 4 : 3, THREADS = MODE == 2 ? 256 : 288, MINB = MODE == 2 ? 2 : 1;
     static constexpr int PANEL_Q = BR * 128, PANEL_KV = BC * 128;   // bytes of one 64-column panel
     static constexpr int Q_BYTES = NP * PANEL_Q, KV_BYTES = NP * PANEL_KV;
     static constexpr int NBARS = 1 + 3 * ST;                         // q full; per stage K full, V full, empty
@@ -1784,13 +1790,13 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_
 }
 #endif
 
-template <int HD, bool OVERLAP>
-__global__ void __launch_bounds__(V5Cfg<HD>::THREADS, V5Cfg<HD>::MINB)
+template <int HD, int MODE>
+__global__ void __launch_bounds__(V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::MINB)
 attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CUtensorMap tq,
                                const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                                int T, int NH, int NKV, float sl2) {
 #ifdef V5_DEVICE
-    using C = V5Cfg<HD>;
+    using C = V5Cfg<HD, MODE>;
     constexpr int BR = C::BR, BC = C::BC, NP = C::NP, ST = C::ST;
     extern __shared__ unsigned char v5_smem[];
     unsigned char *sQ = v5_smem + ((1024 - (smem_u32(v5_smem) & 1023)) & 1023);
@@ -1806,24 +1812,35 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     }
     __syncthreads();
 
-    if (warp == 8) {   // producer: one lane issues every copy; waits for a stage's release before refilling it
+    auto load_q = [&]() {
+        mbar_expect_tx(qfull, C::Q_BYTES);
+        for (int p = 0; p < NP; p++) { tma_load_2d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, b * T + q0); }
+    };
+    auto load_kv = [&](int j) {   // K and V of kv tile j into stage j % ST (free: released or never used)
+        const int s = j % ST;
+        mbar_expect_tx(kfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, b * T + j * BC);
+        }
+        mbar_expect_tx(vfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, b * T + j * BC);
+        }
+    };
+    if (MODE != 2 && warp == 8) {   // producer: one lane issues every copy; waits for a stage's release to refill it
         if (lane == 0) {
-            mbar_expect_tx(qfull, C::Q_BYTES);
-            for (int p = 0; p < NP; p++) { tma_load_2d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, b * T + q0); }
+            load_q();
             for (int j = 0; j < nkv; j++) {
-                const int s = j % ST;
-                if (j >= ST) { mbar_wait(empty + s, ((j / ST) + 1) & 1); }
-                mbar_expect_tx(kfull + s, C::KV_BYTES);
-                for (int p = 0; p < NP; p++) {
-                    tma_load_2d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, b * T + j * BC);
-                }
-                mbar_expect_tx(vfull + s, C::KV_BYTES);
-                for (int p = 0; p < NP; p++) {
-                    tma_load_2d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, b * T + j * BC);
-                }
+                // tile j is stage j % ST's (j / ST)-th use: wait for the release of its previous use, phase j / ST - 1
+                if (j >= ST) { mbar_wait(empty + j % ST, ((j / ST) + 1) & 1); }
+                load_kv(j);
             }
         }
         return;
+    }
+    if (MODE == 2 && threadIdx.x == 0) {   // the first ST tiles; the rest after each release (below)
+        load_q();
+        for (int j = 0; j < ST && j < nkv; j++) { load_kv(j); }
     }
 
     // consumers: warpgroup wg owns rows q0 + 64 wg .. +63, warp wl of it rows rw .. rw + 15
@@ -1936,7 +1953,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         reg_fence_u(pa);
     };
 
-    if (!OVERLAP) {   // S_j, softmax, P_j V_j, one after the other
+    if (MODE != 0) {   // S_j, softmax, P_j V_j, one after the other
         for (int j = 0; j < nkv; j++) {
             issue_s(j);
             settle();
@@ -1946,6 +1963,14 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             issue_pv(j);
             settle();
             release(j);
+            if (MODE == 2) {
+                // thread 0 refills stage j % ST with tile j + ST once all 8 warps released tile j (phase j / ST)
+                if (threadIdx.x == 0 && j + ST < nkv) {
+                    mbar_wait(empty + j % ST, (j / ST) & 1);
+                    load_kv(j + ST);
+                }
+                __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
+            }
         }
     } else {          // S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
         issue_s(0);
@@ -2347,51 +2372,48 @@ static const char *v5_device_unsupported() {
     }
     return state ? NULL : why;
 }
-// v5's variants (--variant K with --version 5): 0 = S_{j+1} and P_j V_j in flight during the softmax
-// of S_{j+1} (the intended kernel); 1 = each warpgroup's steps one after the other (simpler fallback)
-static const int V5_NVARIANTS = 2;
+// v5's variants (--variant K with --version 5) = the kernel's MODE: 0 = S_{j+1} and P_j V_j in flight
+// during the softmax of S_{j+1} (the intended kernel); 1 = each warpgroup's steps in turn; 2 = as 1
+// without the producer warp, two blocks per SM
+static const int V5_NVARIANTS = 3;
 static const char *v5_variant_name[V5_NVARIANTS] = {"overlap: S(j+1), PV(j) in flight during softmax(j+1)",
-                                                    "serial: S, softmax, PV in turn"};
+                                                    "serial: S, softmax, PV in turn",
+                                                    "serial, no producer warp, 2 blocks/SM"};
 template <int HD>
 struct V5 {
-    typedef V5Cfg<HD> C;
-    static const void *kernel(int var) {
-        return var == 0 ? (const void *)attention_forward_wgmma_kernel<HD, true>
-                        : (const void *)attention_forward_wgmma_kernel<HD, false>;
+    template <int MODE>
+    static void launch(const Shape &s, const Bufs &d, const CUtensorMap &tq, const CUtensorMap &tk,
+                       const CUtensorMap &tv) {
+        typedef V5Cfg<HD, MODE> C;
+        static bool init = false;
+        if (!init) { set_smem(attention_forward_wgmma_kernel<HD, MODE>, C::SMEM); init = true; }
+        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.T / C::BR, s.NH, s.B), C::THREADS, C::SMEM>>>(
+            d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV, LOG2E / sqrtf((float)HD));
+        launch_check("attention_forward_wgmma_kernel");
     }
     static void forward(const Shape &s, const Bufs &d, int var) {
-        static bool init[V5_NVARIANTS] = {};
+        typedef V5Cfg<HD> C;   // tile sizes: the same in every mode
         static const void *key[3] = {};
         static Shape ks = {0, 0, 0, 0, 0};
         static CUtensorMap tq, tk, tv;
-        if (!init[var]) {
-            cudaCheck(cudaFuncSetAttribute(kernel(var), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
-            init[var] = true;
-        }
         if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s)) {
             tq = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, C::BR);
             tk = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
             tv = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
             key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s;
         }
-        const dim3 grid(s.T / C::BR, s.NH, s.B);
-        const float sl2 = LOG2E / sqrtf((float)HD);
-        if (var == 0) {
-            attention_forward_wgmma_kernel<HD, true><<<grid, C::THREADS, C::SMEM>>>(d.out, d.lse, tq, tk, tv, s.T, s.NH,
-                                                                                  s.NKV, sl2);
-        } else {
-            attention_forward_wgmma_kernel<HD, false><<<grid, C::THREADS, C::SMEM>>>(d.out, d.lse, tq, tk, tv, s.T, s.NH,
-                                                                                   s.NKV, sl2);
-        }
-        launch_check(var == 0 ? "attention_forward_wgmma_kernel<overlap>" : "attention_forward_wgmma_kernel<serial>");
+        if (var == 0) { launch<0>(s, d, tq, tk, tv); }
+        else if (var == 1) { launch<1>(s, d, tq, tk, tv); }
+        else { launch<2>(s, d, tq, tk, tv); }
     }
-    static void info() {
-        for (int var = 0; var < V5_NVARIANTS; var++) {
-            char tag[16];
-            snprintf(tag, sizeof tag, "v5.%d", var);
-            Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", kernel(var), C::THREADS, C::SMEM);
-        }
+    template <int MODE>
+    static void info1() {
+        char tag[16];
+        snprintf(tag, sizeof tag, "v5.%d", MODE);
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", (const void *)attention_forward_wgmma_kernel<HD, MODE>,
+                                                 V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::SMEM);
     }
+    static void info() { info1<0>(); info1<1>(); info1<2>(); }
 };
 
 static const int NVERSIONS = 5;
@@ -2636,7 +2658,7 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant ? ".1" : ".0") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : ".2") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -2717,7 +2739,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-1) variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-2) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }
@@ -2773,11 +2795,13 @@ int main(int argc, char **argv) {
     for (int x : variants) { if (x < 0 || x >= NVARIANTS) { usage(); } }
     for (int x : variants) {
         if (x >= V5_NVARIANTS && std::find(vers.begin(), vers.end(), 5) != vers.end()) {
-            fprintf(stderr, "--variant %d: v5 has variants 0..%d; pass --variant 0 or 1 with --version 5\n", x, V5_NVARIANTS - 1);
+            fprintf(stderr, "--variant %d: v5 has variants 0..%d; pass one of them with --version 5\n", x, V5_NVARIANTS - 1);
             return 2;
         }
     }
-    for (const Cfg &c : blist) { if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= NVARIANTS) { usage(); } }
+    for (const Cfg &c : blist) {
+        if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= (c.ver == 5 ? V5_NVARIANTS : NVARIANTS)) { usage(); }
+    }
     if (!blist.empty()) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));

@@ -3,11 +3,12 @@
 #   1. build dev/cuda/attention (ptxas -v: the v5 kernels' registers and spills), unless a built
 #      one newer than attention.cu is there;
 #   2. --cpu-selftest (CPU reference, fragment and v5 layout emulations);
-#   3. v5 --check, both variants, on the lab's shapes (CPU fp64 reference, v2's forward, repeats);
-#   4. --bench: v2, v3 and v5 (both variants) side by side at the 100m, 350m and HD=128 shapes;
+#   3. v5 --check, variants 0-2, on the lab's shapes (CPU fp64 reference, v2's forward, repeats);
+#   4. --bench: v2, v3 and v5 (variants 0-2) side by side at the 100m, 350m and HD=128 shapes;
 #   5. PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION, forward and backward, at the 100m and HD=128
 #      shapes (dev/cuda/attention_torch_bench.py; /opt/torch/.venv/bin/python or $TORCH_PY);
-#   6. compute-sanitizer memcheck and racecheck of v5 --check on one small shape per head size.
+#   6. compute-sanitizer memcheck and racecheck of v5 --check (variants 0-2) on one small shape per
+#      head size.
 # Every step runs under timeout and keeps going after a failure. Logs go to $OUT (default
 # runs/attention_device); the summary is printed and kept in $OUT/summary.txt.
 #   bash dev/cuda/attention_device_check.sh          OUT=/some/dir bash dev/cuda/attention_device_check.sh
@@ -29,8 +30,8 @@ else
     rc=$?
     if [ $rc = 0 ]; then mv "$bin.tmp" "$bin"; else rm -f "$bin.tmp"; fi
     summary "build: exit $rc in $(( $(date +%s) - t0 )) s"
-    # registers and spills of the v5 kernels: ILi64ELb1E = HD 64, overlap (variant 0); Lb0 = serial (variant 1)
-    awk '/Function properties for .*attention_forward_wgmma/ { match($0, /ILi[0-9]+ELb[01]E/); k = substr($0, RSTART, RLENGTH); n = 2; next }
+    # registers and spills of the v5 kernels: ILi64ELi0E = HD 64, variant (MODE) 0
+    awk '/Function properties for .*attention_forward_wgmma/ { match($0, /ILi[0-9]+ELi[0-9]E/); k = substr($0, RSTART, RLENGTH); n = 2; next }
          n > 0 { sub(/^ *(ptxas info *: *)?/, ""); line = line " " $0; if (--n == 0) { print "v5 kernel " k ":" line; line = "" } }' \
         "$out/build.txt" | tee -a "$out/summary.txt"
 fi
@@ -48,10 +49,10 @@ run() {   # run NAME SECONDS CMD...: logs to $out/NAME.txt, one summary line wit
 run selftest 60 "$bin" --cpu-selftest --seed 1
 grep -E "v5 emulation|FAIL" "$out/selftest.txt" | cut -c1-200 | tee -a "$out/summary.txt"
 
-run check_v5 240 "$bin" --version 5 --variant 0,1 --check --seed 7
+run check_v5 240 "$bin" --version 5 --variant 0,1,2 --check --seed 7
 grep -E "^v5|skipped|error|CUDA" "$out/check_v5.txt" | cut -c1-250 | tee -a "$out/summary.txt"
 
-run bench 180 "$bin" --version 2,3,5 --variant 0,1 --bench --reps 30 --seed 5
+run bench 180 "$bin" --version 2,3,5 --variant 0,1,2 --bench --reps 30 --seed 5
 grep -E "regs|v5 needs|v5:|not timed" "$out/bench.txt" | cut -c1-200 | tee -a "$out/summary.txt"
 sed -n '/^ver /,$p' "$out/bench.txt" | tee -a "$out/summary.txt"
 
@@ -62,8 +63,8 @@ grep -E "^(torch|sdpa)" "$out/torch_sdpa.txt" | tee -a "$out/summary.txt"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
-        for shape in 1,256,4,2,64 1,256,4,2,128; do
-            run "sanitizer_${tool}_${shape//,/_}" 150 compute-sanitizer --tool $tool "$bin" --version 5 --variant 0 \
+        for shape in 1,256,2,1,64 1,256,2,1,128; do
+            run "sanitizer_${tool}_${shape//,/_}" 120 compute-sanitizer --tool $tool "$bin" --version 5 --variant 0,1,2 \
                 --check --shape "$shape" --seed 3
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^v5" "$out/sanitizer_${tool}_${shape//,/_}.txt" | cut -c1-200 |
                 tee -a "$out/summary.txt"

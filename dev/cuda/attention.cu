@@ -1861,6 +1861,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
     const uint32_t qaddr = smem_u32(sQ) + wg * 64 * 128;
     mbar_wait(qfull, 0);
+    __syncwarp();   // the warp converged (mode 2: lane 0 of warp 0 issued copies) before .aligned instructions
 
     // S_j = Q K_j^T into sc: issued and committed, not waited for
     auto issue_s = [&](int j) {
@@ -1869,6 +1870,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
 #pragma unroll
         for (int i = 0; i < BC / 2; i++) { sc[i] = 0.f; }
         mbar_wait(kfull + s, (j / ST) & 1);
+        __syncwarp();
         reg_fence(sc);
         wgmma_fence();
 #pragma unroll
@@ -1934,6 +1936,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         const int s = j % ST;
         const uint32_t vaddr = smem_u32(sV + s * C::KV_BYTES);
         mbar_wait(vfull + s, (j / ST) & 1);
+        __syncwarp();
 #pragma unroll
         for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
         reg_fence_u(pa);

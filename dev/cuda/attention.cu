@@ -1757,7 +1757,11 @@ __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[N][4]) {
 
 #define V5_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
-// d (64 x 128 fp32) += A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major)
+// write-only accumulators, for scale-d = 0 (D = A B: the old d is not read, so it need not be live)
+#define V5_W8(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3]), "=f"(d[i + 4]), "=f"(d[i + 5]), \
+                 "=f"(d[i + 6]), "=f"(d[i + 7])
+// d (64 x 128 fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major) + (SD ? d : 0)
+template <int SD>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
@@ -1765,8 +1769,20 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint6
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, 1, 1, 1, 0, 0;\n"
+        "%64, %65, %66, 1, 1, 0, 0;\n"
         : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24), V5_F8(32), V5_F8(40), V5_F8(48), V5_F8(56)
+        : "l"(da), "l"(db), "n"(SD));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_n128<0>(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 0, 1, 1, 0, 0;\n"
+        : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24), V5_W8(32), V5_W8(40), V5_W8(48), V5_W8(56)
         : "l"(da), "l"(db));
 }
 // d (64 x 64 fp32) += A (64 x 16, registers) * B (16 x 64, smem, N-major: imm-trans-b = 1)
@@ -1779,20 +1795,33 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)
         : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-// d (64 x 64 fp32) += A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major)
+// d (64 x 64 fp32) = A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major) + (SD ? d : 0)
+template <int SD>
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, 1, 1, 1, 0, 0;\n"
+        "%32, %33, %34, 1, 1, 0, 0;\n"
         : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+        : "l"(da), "l"(db), "n"(SD));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_n64<0>(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, 0, 1, 1, 0, 0;\n"
+        : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24)
         : "l"(da), "l"(db));
 }
 #undef V5_F8
-template <int N>
+#undef V5_W8
+// scale-d (SD) is the predicate operand: 0 = overwrite d (the first k step: no zeroing of S needed)
+template <int N, int SD>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
-    if constexpr (N == 128) { wgmma_ss_n128(d, da, db); } else { wgmma_ss_n64(d, da, db); }
+    if constexpr (N == 128) { wgmma_ss_n128<SD>(d, da, db); } else { wgmma_ss_n64<SD>(d, da, db); }
 }
 #endif
 
@@ -1815,6 +1844,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         mbar_init(qfull, 1);
         for (int s = 0; s < ST; s++) { mbar_init(kfull + s, 1); mbar_init(vfull + s, 1); mbar_init(empty + s, 8); }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the async proxy (TMA)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
 
@@ -1863,21 +1893,20 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     mbar_wait(qfull, 0);
     __syncwarp();   // the warp converged (mode 2: lane 0 of warp 0 issued copies) before .aligned instructions
 
-    // S_j = Q K_j^T into sc: issued and committed, not waited for
+    // S_j = Q K_j^T into sc (the first k step overwrites sc): issued and committed, not waited for
     auto issue_s = [&](int j) {
         const int s = j % ST;
         const uint32_t kaddr = smem_u32(sK + s * C::KV_BYTES);
-#pragma unroll
-        for (int i = 0; i < BC / 2; i++) { sc[i] = 0.f; }
         mbar_wait(kfull + s, (j / ST) & 1);
         __syncwarp();
-        reg_fence(sc);
         wgmma_fence();
+        // k16 step kk: panel kk / 4, 32 bytes a step inside it
+        wgmma_ss<BC, 0>(sc, v5_desc(qaddr, 16, 1024), v5_desc(kaddr, 16, 1024));
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {   // k16 step kk: panel kk / 4, 32 bytes a step inside it
+        for (int kk = 1; kk < HD / 16; kk++) {
             const uint32_t koff = (kk % 4) * 32;
-            wgmma_ss<BC>(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
-                          v5_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
+            wgmma_ss<BC, 1>(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
+                            v5_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
         }
         wgmma_commit();
     };

@@ -1755,74 +1755,50 @@ __device__ __forceinline__ void reg_fence_u(uint32_t (&a)[N][4]) {
         for (int r = 0; r < 4; r++) { asm volatile("" : "+r"(a[i][r])::"memory"); }
 }
 
+// operand lists of the accumulators: read-write (scale-d 1), or write-only (scale-d 0: D = A B, the
+// old d is not read, so it need not be live)
 #define V5_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
-// write-only accumulators, for scale-d = 0 (D = A B: the old d is not read, so it need not be live)
 #define V5_W8(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3]), "=f"(d[i + 4]), "=f"(d[i + 5]), \
                  "=f"(d[i + 6]), "=f"(d[i + 7])
-// d (64 x 128 fp32) = A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major) + (SD ? d : 0)
-template <int SD>
-__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, %66, 1, 1, 0, 0;\n"
-        : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24), V5_F8(32), V5_F8(40), V5_F8(48), V5_F8(56)
-        : "l"(da), "l"(db), "n"(SD));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss_n128<0>(float (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, 0, 1, 1, 0, 0;\n"
-        : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24), V5_W8(32), V5_W8(40), V5_W8(48), V5_W8(56)
-        : "l"(da), "l"(db));
+#define V5_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define V5_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+// d (64 x N fp32) = A (64 x 16, smem, K-major) * B (16 x N, smem, K-major) + (SD ? d : 0), N = 128 or 64
+template <int N, int SD>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
+    static_assert(N == 128 || N == 64, "v5 issues n128 and n64 only");
+    if constexpr (N == 128 && SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V5_D64 "%64, %65, 1, 1, 1, 0, 0;\n"
+                     : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24), V5_F8(32), V5_F8(40), V5_F8(48), V5_F8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (N == 128) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V5_D64 "%64, %65, 0, 1, 1, 0, 0;\n"
+                     : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24), V5_W8(32), V5_W8(40), V5_W8(48), V5_W8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "%32, %33, 1, 1, 1, 0, 0;\n"
+                     : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+                     : "l"(da), "l"(db));
+    } else {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "%32, %33, 0, 1, 1, 0, 0;\n"
+                     : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24)
+                     : "l"(da), "l"(db));
+    }
 }
 // d (64 x 64 fp32) += A (64 x 16, registers) * B (16 x 64, smem, N-major: imm-trans-b = 1)
 __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-// d (64 x 64 fp32) = A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major) + (SD ? d : 0)
-template <int SD>
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, %34, 1, 1, 0, 0;\n"
-        : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
-        : "l"(da), "l"(db), "n"(SD));
-}
-template <>
-__device__ __forceinline__ void wgmma_ss_n64<0>(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, 0, 1, 1, 0, 0;\n"
-        : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24)
-        : "l"(da), "l"(db));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 #undef V5_F8
 #undef V5_W8
-// scale-d (SD) is the predicate operand: 0 = overwrite d (the first k step: no zeroing of S needed)
-template <int N, int SD>
-__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
-    if constexpr (N == 128) { wgmma_ss_n128<SD>(d, da, db); } else { wgmma_ss_n64<SD>(d, da, db); }
-}
+#undef V5_D32
+#undef V5_D64
 #endif
 
 template <int HD, int MODE>

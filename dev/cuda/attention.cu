@@ -13,7 +13,7 @@ Run:
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
   options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
            --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
-                              v5's, 0-2)
+                              v5's, 0-3)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -48,7 +48,8 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       the 128-byte swizzle, an mbarrier ring of K/V stages filled by a producer warp for two
       consumer warpgroups (128 query rows a block). Variant 0 overlaps each softmax with the
       next S and the previous P V on the tensor cores; variant 1 runs them in turn; variant 2 is
-      1 without the producer warp (thread 0 refills the ring), two blocks per SM. Same out and
+      1 without the producer warp (thread 0 refills the ring), two blocks per SM; variant 3 is 0
+      with the two warpgroups taking turns to issue (named barriers, ping-pong). Same out and
       lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
 Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
 
@@ -1687,7 +1688,7 @@ __host__ __device__ __forceinline__ uint32_t v5_swz(uint32_t row, uint32_t col) 
 
 // MODE (the variant): 0 = producer warp, overlapped consumers; 1 = producer warp, serial consumers;
 // 2 = no producer warp (thread 0 issues the copies between its own steps), serial consumers, 256
-// threads and 2 stages so that two blocks share an SM.
+// threads and 2 stages so that two blocks share an SM; 3 = 0 with the warpgroups issuing in turns.
 template <int HD, int MODE = 0>
 struct V5Cfg {
     // Modes 0 and 1, one block per SM: ptxas caps 288 threads at 168 registers (it counts whole
@@ -1869,12 +1870,11 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     mbar_wait(qfull, 0);
     __syncwarp();   // the warp converged (mode 2: lane 0 of warp 0 issued copies) before .aligned instructions
 
-    // S_j = Q K_j^T into sc (the first k step overwrites sc): issued and committed, not waited for
+    auto wait_k = [&](int j) { mbar_wait(kfull + j % ST, (j / ST) & 1); __syncwarp(); };
+    auto wait_v = [&](int j) { mbar_wait(vfull + j % ST, (j / ST) & 1); __syncwarp(); };
+    // S_j = Q K_j^T into sc (the first k step overwrites sc), K_j landed: issued and committed, not waited for
     auto issue_s = [&](int j) {
-        const int s = j % ST;
-        const uint32_t kaddr = smem_u32(sK + s * C::KV_BYTES);
-        mbar_wait(kfull + s, (j / ST) & 1);
-        __syncwarp();
+        const uint32_t kaddr = smem_u32(sK + (j % ST) * C::KV_BYTES);
         wgmma_fence();
         // k16 step kk: panel kk / 4, 32 bytes a step inside it
         wgmma_ss<BC, 0>(sc, v5_desc(qaddr, 16, 1024), v5_desc(kaddr, 16, 1024));
@@ -1936,12 +1936,9 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             pa[kc][3] = pack_bf16(sc[8 * kc + 6], sc[8 * kc + 7]);
         }
     };
-    // O += P_j V_j: issued and committed, not waited for
+    // O += P_j V_j, V_j landed: issued and committed, not waited for
     auto issue_pv = [&](int j) {
-        const int s = j % ST;
-        const uint32_t vaddr = smem_u32(sV + s * C::KV_BYTES);
-        mbar_wait(vfull + s, (j / ST) & 1);
-        __syncwarp();
+        const uint32_t vaddr = smem_u32(sV + (j % ST) * C::KV_BYTES);
 #pragma unroll
         for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
         reg_fence_u(pa);
@@ -1967,13 +1964,30 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         reg_fence_u(pa);
     };
 
-    if (MODE != 0) {   // S_j, softmax, P_j V_j, one after the other
+    // mode 3: the warpgroups take turns to issue their wgmmas (named barriers 1 + wg, 256 threads:
+    // one warpgroup's bar.sync completes on the other's bar.arrive), so that one's softmax runs
+    // while the other's matrix products do. Each waits for its data before taking its turn.
+    // Counts: each barrier sees nkv + 1 syncs and nkv + 1 arrivals, never two arrivals ahead.
+    auto turn_take = [&]() {   // barrier 1 + wg (immediate ids: ptxas then reserves 3 barriers, not 16)
+        if (MODE != 3) { return; }
+        if (wg == 0) { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+        else { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+    };
+    auto turn_pass = [&]() {   // barrier 2 - wg: the other warpgroup's
+        if (MODE != 3) { return; }
+        if (wg == 0) { asm volatile("bar.arrive 2, 256;\n" ::: "memory"); }
+        else { asm volatile("bar.arrive 1, 256;\n" ::: "memory"); }
+    };
+
+    if (MODE == 1 || MODE == 2) {   // S_j, softmax, P_j V_j, one after the other
         for (int j = 0; j < nkv; j++) {
+            wait_k(j);
             issue_s(j);
             settle();
             softmax(j);
             rescale();
             pack();
+            wait_v(j);
             issue_pv(j);
             settle();
             release(j);
@@ -1986,14 +2000,22 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
                 __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
             }
         }
-    } else {          // S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
+    } else {          // modes 0, 3: S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
+        wait_k(0);
+        if (MODE == 3 && wg == 1) { turn_pass(); }   // warpgroup 0 goes first
+        turn_take();
         issue_s(0);
+        turn_pass();
         settle();
         softmax(0);   // O = 0: no rescale
         for (int j = 0; j < nkv; j++) {
             pack();
+            if (j + 1 < nkv) { wait_k(j + 1); }
+            wait_v(j);
+            turn_take();
             if (j + 1 < nkv) { issue_s(j + 1); }
             issue_pv(j);
+            if (wg == 0 || j + 1 < nkv) { turn_pass(); }   // warpgroup 1's last pass would have no taker
             if (j + 1 < nkv) {
                 wgmma_wait<1>();   // S_{j+1} complete (groups complete in order); P_j V_j may still run
                 reg_fence(sc);
@@ -2388,11 +2410,12 @@ static const char *v5_device_unsupported() {
 }
 // v5's variants (--variant K with --version 5) = the kernel's MODE: 0 = S_{j+1} and P_j V_j in flight
 // during the softmax of S_{j+1} (the intended kernel); 1 = each warpgroup's steps in turn; 2 = as 1
-// without the producer warp, two blocks per SM
-static const int V5_NVARIANTS = 3;
+// without the producer warp, two blocks per SM; 3 = as 0 with the two warpgroups issuing in turns
+static const int V5_NVARIANTS = 4;
 static const char *v5_variant_name[V5_NVARIANTS] = {"overlap: S(j+1), PV(j) in flight during softmax(j+1)",
                                                     "serial: S, softmax, PV in turn",
-                                                    "serial, no producer warp, 2 blocks/SM"};
+                                                    "serial, no producer warp, 2 blocks/SM",
+                                                    "overlap + warpgroups take turns to issue (ping-pong)"};
 template <int HD>
 struct V5 {
     template <int MODE>
@@ -2403,8 +2426,9 @@ struct V5 {
         if (!init) { set_smem(attention_forward_wgmma_kernel<HD, MODE>, C::SMEM); init = true; }
         attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.T / C::BR, s.NH, s.B), C::THREADS, C::SMEM>>>(
             d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV, LOG2E / sqrtf((float)HD));
-        launch_check(MODE == 0 ? "attention_forward_wgmma_kernel (v5.0)"
-                     : MODE == 1 ? "attention_forward_wgmma_kernel (v5.1)" : "attention_forward_wgmma_kernel (v5.2)");
+        char what[64];
+        snprintf(what, sizeof what, "attention_forward_wgmma_kernel (v5.%d)", MODE);
+        launch_check(what);
     }
     static void forward(const Shape &s, const Bufs &d, int var) {
         typedef V5Cfg<HD> C;   // tile sizes: the same in every mode
@@ -2419,7 +2443,8 @@ struct V5 {
         }
         if (var == 0) { launch<0>(s, d, tq, tk, tv); }
         else if (var == 1) { launch<1>(s, d, tq, tk, tv); }
-        else { launch<2>(s, d, tq, tk, tv); }
+        else if (var == 2) { launch<2>(s, d, tq, tk, tv); }
+        else { launch<3>(s, d, tq, tk, tv); }
     }
     template <int MODE>
     static void info1() {
@@ -2428,7 +2453,7 @@ struct V5 {
         Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", (const void *)attention_forward_wgmma_kernel<HD, MODE>,
                                                  V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::SMEM);
     }
-    static void info() { info1<0>(); info1<1>(); info1<2>(); }
+    static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); }
 };
 
 static const int NVERSIONS = 5;
@@ -2673,7 +2698,7 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : ".2") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : g_variant == 2 ? ".2" : ".3") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -2754,7 +2779,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-2) variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-3) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }

@@ -3,11 +3,11 @@
 #   1. build dev/cuda/attention (ptxas -v: the v5 kernels' registers and spills), unless a built
 #      one newer than attention.cu is there;
 #   2. --cpu-selftest (CPU reference, fragment and v5 layout emulations);
-#   3. v5 --check, variants 0-2, on the lab's shapes (CPU fp64 reference, v2's forward, repeats);
-#   4. --bench: v2, v3 and v5 (variants 0-2) side by side at the 100m, 350m and HD=128 shapes;
+#   3. v5 --check, variants 0-3, on the lab's shapes (CPU fp64 reference, v2's forward, repeats);
+#   4. --bench: v2, v3 and v5 (variants 0-3) side by side at the 100m, 350m and HD=128 shapes;
 #   5. PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION, forward and backward, at the 100m and HD=128
 #      shapes (dev/cuda/attention_torch_bench.py; /opt/torch/.venv/bin/python or $TORCH_PY);
-#   6. compute-sanitizer memcheck and racecheck of v5 --check (variants 0-2) on one small shape per
+#   6. compute-sanitizer memcheck and racecheck of v5 --check (the variants that passed) on one small shape per
 #      head size.
 # Every step runs under timeout and keeps going after a failure. Logs go to $OUT (default
 # runs/attention_device); the summary is printed and kept in $OUT/summary.txt.
@@ -51,8 +51,8 @@ grep -E "v5 emulation|FAIL" "$out/selftest.txt" | cut -c1-200 | tee -a "$out/sum
 
 # one process per variant: a variant that traps (its mbarrier watchdog) or hangs takes no other with it
 passed=
-for var in 0 1 2; do
-    run check_v5.$var 150 "$bin" --version 5 --variant $var --check --seed 7 && passed=${passed:+$passed,}$var
+for var in 0 1 2 3; do
+    run check_v5.$var 90 "$bin" --version 5 --variant $var --check --seed 7 && passed=${passed:+$passed,}$var
     grep -E "^v5|skipped|error|CUDA" "$out/check_v5.$var.txt" | cut -c1-250 | tee -a "$out/summary.txt"
 done
 summary "v5 variants that passed --check: ${passed:-none}"
@@ -73,7 +73,7 @@ grep -E "^(torch|sdpa)" "$out/torch_sdpa.txt" | tee -a "$out/summary.txt"
 if command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
         for shape in 1,256,2,1,64 1,256,2,1,128; do
-            run "sanitizer_${tool}_${shape//,/_}" 120 compute-sanitizer --tool $tool "$bin" --version 5 --variant "${passed:-0,1,2}" \
+            run "sanitizer_${tool}_${shape//,/_}" 120 compute-sanitizer --tool $tool "$bin" --version 5 --variant "${passed:-0,1,2,3}" \
                 --check --shape "$shape" --seed 3
             grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^v5" "$out/sanitizer_${tool}_${shape//,/_}.txt" | cut -c1-200 |
                 tee -a "$out/summary.txt"

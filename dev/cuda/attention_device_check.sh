@@ -7,8 +7,8 @@
 #   4. --bench: v2, v3 and v5 (variants 0-3) side by side at the 100m, 350m and HD=128 shapes;
 #   5. PyTorch SDPA, FLASH_ATTENTION and CUDNN_ATTENTION, forward and backward, at the 100m and HD=128
 #      shapes (dev/cuda/attention_torch_bench.py; /opt/torch/.venv/bin/python or $TORCH_PY);
-#   6. compute-sanitizer memcheck and racecheck of v5 --check (the variants that passed) on one small shape per
-#      head size.
+#   6. compute-sanitizer memcheck (HD 64 and 128) and racecheck (HD 64) of v5 --check, the variants
+#      that passed, on small shapes.
 # Every step runs under timeout and keeps going after a failure. Logs go to $OUT (default
 # runs/attention_device); the summary is printed and kept in $OUT/summary.txt.
 #   bash dev/cuda/attention_device_check.sh          OUT=/some/dir bash dev/cuda/attention_device_check.sh
@@ -70,14 +70,12 @@ py=${TORCH_PY:-/opt/torch/.venv/bin/python}
 run torch_sdpa 240 "$py" dev/cuda/attention_torch_bench.py --reps 30 --warmup 5
 grep -E "^(torch|sdpa)" "$out/torch_sdpa.txt" | tee -a "$out/summary.txt"
 
-if command -v compute-sanitizer >/dev/null 2>&1; then
-    for tool in memcheck racecheck; do
-        for shape in 1,256,2,1,64 1,256,2,1,128; do
-            run "sanitizer_${tool}_${shape//,/_}" 120 compute-sanitizer --tool $tool "$bin" --version 5 --variant "${passed:-0,1,2,3}" \
-                --check --shape "$shape" --seed 3
-            grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^v5" "$out/sanitizer_${tool}_${shape//,/_}.txt" | cut -c1-200 |
-                tee -a "$out/summary.txt"
-        done
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$san" ]; then
+    for tool_shape in memcheck:1,256,2,1,64 memcheck:1,256,2,1,128 racecheck:1,256,2,1,64; do
+        tool=${tool_shape%%:*} shape=${tool_shape#*:} name=sanitizer_${tool_shape//[:,]/_}
+        run "$name" 90 "$san" --tool "$tool" "$bin" --version 5 --variant "${passed:-0,1,2,3}" --check --shape "$shape" --seed 3
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^v5" "$out/$name.txt" | cut -c1-200 | tee -a "$out/summary.txt"
     done
 else
     summary "compute-sanitizer: not on the PATH, skipped"

@@ -9,7 +9,7 @@ are repeated to NH heads before the timed region ("gqa repeat": the kernel then 
 K/V bytes and the backward returns per-query-head dk, dv without the sum over the group, which is
 left out of the time). Forward and backward are timed apart with CUDA events: the median of --reps
 calls after --warmup calls; the backward is torch.autograd.grad of the forward's output with a
-fixed dout. TFLOP/s use the lab's counts: forward 4 HD, backward 10 HD per (query, key) pair of the
+fixed dout in the output's strides. TFLOP/s use the lab's counts: forward 4 HD, backward 10 HD per (query, key) pair of the
 causal triangle, pairs = B NH T (T + 1) / 2.
 
     /opt/torch/.venv/bin/python dev/cuda/attention_torch_bench.py
@@ -64,7 +64,7 @@ def bench(backend, shape, warmup, reps):
     B, T, NH, NKV, HD = shape
     g = torch.Generator(device="cuda").manual_seed(1)
     mk = lambda heads: torch.randn(B, T, heads, HD, device="cuda", dtype=torch.bfloat16, generator=g)
-    q, k, v, dout = mk(NH).transpose(1, 2), mk(NKV).transpose(1, 2), mk(NKV).transpose(1, 2), mk(NH).transpose(1, 2)
+    q, k, v = mk(NH).transpose(1, 2), mk(NKV).transpose(1, 2), mk(NKV).transpose(1, 2)
     ctx = lambda: sdpa_kernel([getattr(SDPBackend, BACKENDS[backend])])
     mode, kw, kk, vv = "native", {"enable_gqa": True}, k, v
     try:
@@ -78,6 +78,7 @@ def bench(backend, shape, warmup, reps):
     with ctx():
         fwd = time_ms(lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, **kw), warmup, reps)
         out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, **kw)
+        dout = torch.empty_like(out).normal_(generator=g)   # empty_like keeps out's strides
         bwd = time_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True), warmup, reps)
     pairs = B * NH * T * (T + 1) / 2
     return mode, fwd, 4 * HD * pairs / (fwd * 1e-3) / 1e12, bwd, 10 * HD * pairs / (bwd * 1e-3) / 1e12

@@ -1668,7 +1668,7 @@ attention_backward_fused_lite_kernel(float *dq, OutT *dk, bf16 *dv, const bf16 *
 //   register A  a[r], r = 2i + h, halves e = A[16w + g + 8h][8i + 2t + e]   (i, h in {0,1})
 // so S's accumulator of keys 16kc..16kc+15, rounded pairwise to bf16, is P's A fragment:
 // a[kc] = {d[8kc], d[8kc+1]}, {d[8kc+2], d[8kc+3]}, {d[8kc+4], d[8kc+5]}, {d[8kc+6], d[8kc+7]}.
-// grid (T/128, NH, B), heavy q tiles first; limits: HD 64 or 128, T % 128 == 0.
+// grid (NH, B, T/128), the q tile slowest and heaviest first; limits: HD 64 or 128, T % 128 == 0.
 
 // descriptor of a shared-memory operand in the 128-byte swizzle (mode 1 in bits 62-63):
 // start address >> 4 in bits 0-13, leading byte offset >> 4 in bits 16-29, stride byte
@@ -1814,7 +1814,9 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     unsigned char *sQ = v5_smem + ((1024 - (smem_u32(v5_smem) & 1023)) & 1023);
     unsigned char *sK = sQ + C::Q_BYTES, *sV = sK + ST * C::KV_BYTES;
     uint64_t *qfull = (uint64_t *)(sV + ST * C::KV_BYTES), *kfull = qfull + 1, *vfull = kfull + ST, *empty = vfull + ST;
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    // the q tile is the slowest grid index, heaviest first: every heavy block of the grid starts before
+    // any light one (one block per SM leaves no other block to fill a late heavy block's tail)
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y;
     const int kvh = h / (NH / NKV), q0 = qb * BR, nkv = (q0 + BR - 1) / BC + 1;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
@@ -2424,7 +2426,7 @@ struct V5 {
         typedef V5Cfg<HD, MODE> C;
         static bool init = false;
         if (!init) { set_smem(attention_forward_wgmma_kernel<HD, MODE>, C::SMEM); init = true; }
-        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.T / C::BR, s.NH, s.B), C::THREADS, C::SMEM>>>(
+        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.NH, s.B, s.T / C::BR), C::THREADS, C::SMEM>>>(
             d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV, LOG2E / sqrtf((float)HD));
         char what[64];
         snprintf(what, sizeof what, "attention_forward_wgmma_kernel (v5.%d)", MODE);

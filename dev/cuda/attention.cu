@@ -3,15 +3,17 @@ dev/cuda/attention.cu: kernel lab for causal GQA attention (issue 5, "CUDA
 trainer speed"), forward and backward, developed here before anything moves
 into train_mhar.cu.
 
-Build (no cuDNN, CUTLASS or cuBLAS):
+Build (no cuDNN, CUTLASS or cuBLAS; no -lcuda: v5 takes cuTensorMapEncodeTiled from the runtime):
     nvcc -O3 -arch=sm_90a -o attention dev/cuda/attention.cu
 Run:
     ./attention --cpu-selftest               CPU reference only, needs no GPU
     ./attention --version N --check          validate version N against the CPU reference
     ./attention --version N --bench          time version N at the preset shapes
+    ./attention --version 2,3,5 --bench      several versions side by side (one table)
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
-  options: --shape B,T,NH,NKV,HD (bench this shape only), --reps N, --seed S,
-           --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check)
+  options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
+           --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
+                              v5's, 0-3)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -41,7 +43,15 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       Variants 3-7 ("lite"): the same kernel with red.add, per-warp turns and cheap releases,
       heavy-first tickets, lockstep visits, L2-local ticket batches; 1, 2, 8, 9: timing-only
       ablations (NOTES_attention.md, "v4 variants").
-Limits of v2/v3: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV.
+  v5  the forward on Hopper's own instructions (sm_90a only): wgmma.mma_async (S = Q K^T with
+      both operands in shared memory, O += P V with P from registers), Q/K/V tiles by TMA in
+      the 128-byte swizzle, an mbarrier ring of K/V stages filled by a producer warp for two
+      consumer warpgroups (128 query rows a block). Variant 0 overlaps each softmax with the
+      next S and the previous P V on the tensor cores; variant 1 runs them in turn; variant 2 is
+      1 without the producer warp (thread 0 refills the ring), two blocks per SM; variant 3 is 0
+      with the two warpgroups taking turns to issue (named barriers, ping-pong). Same out and
+      lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
+Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -50,6 +60,8 @@ turns 1.222, lite without order (racy red) 0.807, without dQ 0.593 (v4) / 0.531 
 the dQ adds costs ~0.35 ms over racy adds, the dQ traffic itself ~0.28 ms: no deterministic fused
 variant beats v2's 7-matmul split, and the trainer keeps v2 (v3's forward at HD=64).
 */
+#include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -220,9 +232,10 @@ static void naive_forward(double *out, double *lse, const double *q, const doubl
 }
 
 static int fragment_selftest();
+static int v5_selftest();
 
 static int cpu_selftest() {
-    int fails = fragment_selftest();
+    int fails = fragment_selftest() + v5_selftest();
     // bf16 rounding: exact values, ties to even, NaN
     struct { float f; uint16_t h; } cases[] = {{1.0f, 0x3f80}, {-2.5f, 0xc020}, {1.00390625f, 0x3f80},
                                                {1.01171875f, 0x3f82}, {3.0e38f, 0x7f62}};
@@ -1631,6 +1644,565 @@ attention_backward_fused_lite_kernel(float *dq, OutT *dk, bf16 *dv, const bf16 *
 }
 
 // ----------------------------------------------------------------------------
+// v5 forward: Hopper's own instructions (sm_90a). FlashAttention-2's algorithm as v2/v3
+// (online softmax in base 2, P kept in registers), executed by:
+//   - wgmma.mma_async m64nNk16 (bf16 in, fp32 accumulate), one warpgroup (4 warps, 128
+//     threads) per 64 query rows: S = Q K^T with A = Q and B = K both from shared memory
+//     (K-major descriptors), O += P V with A = P from registers and B = V from shared
+//     memory (N-major descriptor: V is stored key-major, so wgmma transposes it);
+//   - TMA (cp.async.bulk.tensor.2d) for the Q, K and V tiles, in the 128-byte swizzle,
+//     with a CUtensorMap per tensor made on the host (cuTensorMapEncodeTiled through
+//     cudaGetDriverEntryPointByVersion: no -lcuda);
+//   - an mbarrier pipeline of ST stages: per stage a "K full" and a "V full" barrier
+//     (producer's arrive.expect_tx + TMA bytes) and an "empty" barrier (8 consumer warps
+//     arrive when their wgmmas reading the stage completed);
+//   - warp specialisation: warps 0-7 = two consumer warpgroups (128 query rows), warp 8 =
+//     producer (one lane issues every TMA). 288 threads, one block per SM by registers.
+// Shared-memory tiles: a tile of R rows x HD columns is HD/64 panels of R x 64 bf16, one
+// 128-byte row per tile row, each panel 1024-byte aligned; TMA's 128-byte swizzle stores
+// the 16-byte chunk c of row r at chunk c ^ (r % 8) (XOR of address bits 4-6 with 7-9),
+// which is the layout wgmma's swizzle mode 1 reads. v5_selftest() (--cpu-selftest)
+// replays the whole index arithmetic on the host.
+// Fragment layouts (PTX ISA, wgmma m64nNk16, warp w of the warpgroup, g = lane/4, t = lane%4):
+//   accumulator d[4i + 2h + e] = D[16w + g + 8h][8i + 2t + e]   (i < N/8, h, e in {0,1})
+//   register A  a[r], r = 2i + h, halves e = A[16w + g + 8h][8i + 2t + e]   (i, h in {0,1})
+// so S's accumulator of keys 16kc..16kc+15, rounded pairwise to bf16, is P's A fragment:
+// a[kc] = {d[8kc], d[8kc+1]}, {d[8kc+2], d[8kc+3]}, {d[8kc+4], d[8kc+5]}, {d[8kc+6], d[8kc+7]}.
+// grid (NH, B, T/128), the q tile slowest and heaviest first; limits: HD 64 or 128, T % 128 == 0.
+
+// descriptor of a shared-memory operand in the 128-byte swizzle (mode 1 in bits 62-63):
+// start address >> 4 in bits 0-13, leading byte offset >> 4 in bits 16-29, stride byte
+// offset >> 4 in bits 32-45, base offset 0 (every panel starts on a 1024-byte boundary).
+// K-major (Q, K): rows of 128 bytes, SBO = 1024 between groups of 8 rows, LBO unused (1).
+// N-major (V): k rows of 128 bytes (64 n), SBO = 1024 between groups of 8 k rows, LBO =
+// the byte offset between 64-column panels (unused by the n64 instructions v5 issues).
+__host__ __device__ __forceinline__ uint64_t v5_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+// byte offset, from a 1024-byte aligned panel, where TMA's 128-byte swizzle puts element (row, col) (col < 64)
+__host__ __device__ __forceinline__ uint32_t v5_swz(uint32_t row, uint32_t col) {
+    const uint32_t lin = row * 128 + col * 2;
+    return lin ^ (((lin >> 7) & 7) << 4);
+}
+
+// MODE (the variant): 0 = producer warp, overlapped consumers; 1 = producer warp, serial consumers;
+// 2 = no producer warp (thread 0 issues the copies between its own steps), serial consumers, 256
+// threads and 2 stages so that two blocks share an SM; 3 = 0 with the warpgroups issuing in turns.
+template <int HD, int MODE = 0>
+struct V5Cfg {
+    // Modes 0 and 1, one block per SM: ptxas caps 288 threads at 168 registers (it counts whole
+    // warpgroups: 384 x 168 = 64K), and two such blocks at 96, which spills the 64 S + 32 O
+    // accumulators; HD 128 takes kv tiles of 64 so that S (32), P (16) and O (64 registers) of the
+    // overlapped mode fit in 168. Mode 2: 2 x 256 threads x 128 registers, 2 x (82 or 99 KB) smem.
+    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64;
+    static constexpr int ST = MODE == 2 ? 2 : HD == 64 ? 4 : 3, THREADS = MODE == 2 ? 256 : 288, MINB = MODE == 2 ? 2 : 1;
+    static constexpr int PANEL_Q = BR * 128, PANEL_KV = BC * 128;   // bytes of one 64-column panel
+    static constexpr int Q_BYTES = NP * PANEL_Q, KV_BYTES = NP * PANEL_KV;
+    static constexpr int NBARS = 1 + 3 * ST;                         // q full; per stage K full, V full, empty
+    static constexpr size_t SMEM = 1024 + Q_BYTES + 2 * (size_t)ST * KV_BYTES + 8 * NBARS;   // + alignment slack
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define V5_DEVICE 1
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+#ifdef V5_DEVICE
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+// waits for the completion of the barrier's phase with this parity; a wait past 2^34 clocks (~10 s)
+// is a pipeline bug: trap, so the launch fails instead of hanging the device
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    uint32_t done = 0;
+    long long t0 = 0;
+    for (int spin = 0; ; spin++) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
+        if (done) { return; }
+        if (spin == 0) { t0 = clock64(); }
+        else if (clock64() - t0 > (1ll << 34)) { __trap(); }
+    }
+}
+// rows [c1, c1 + box rows) x columns [c0, c0 + 64) of the 2D tensor map into dst, completing tx bytes on bar
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// the compiler must not move accumulator reads or writes across the asynchronous wgmma window
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) { asm volatile("" : "+f"(d[i])::"memory"); }
+}
+
+template <int N>
+__device__ __forceinline__ void reg_fence_u(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) { asm volatile("" : "+r"(a[i][r])::"memory"); }
+}
+
+// operand lists of the accumulators: read-write (scale-d 1), or write-only (scale-d 0: D = A B, the
+// old d is not read, so it need not be live)
+#define V5_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define V5_W8(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3]), "=f"(d[i + 4]), "=f"(d[i + 5]), \
+                 "=f"(d[i + 6]), "=f"(d[i + 7])
+#define V5_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define V5_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+// d (64 x N fp32) = A (64 x 16, smem, K-major) * B (16 x N, smem, K-major) + (SD ? d : 0), N = 128 or 64
+template <int N, int SD>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
+    static_assert(N == 128 || N == 64, "v5 issues n128 and n64 only");
+    if constexpr (N == 128 && SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V5_D64 "%64, %65, 1, 1, 1, 0, 0;\n"
+                     : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24), V5_F8(32), V5_F8(40), V5_F8(48), V5_F8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (N == 128) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V5_D64 "%64, %65, 0, 1, 1, 0, 0;\n"
+                     : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24), V5_W8(32), V5_W8(40), V5_W8(48), V5_W8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "%32, %33, 1, 1, 1, 0, 0;\n"
+                     : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+                     : "l"(da), "l"(db));
+    } else {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "%32, %33, 0, 1, 1, 0, 0;\n"
+                     : V5_W8(0), V5_W8(8), V5_W8(16), V5_W8(24)
+                     : "l"(da), "l"(db));
+    }
+}
+// d (64 x 64 fp32) += A (64 x 16, registers) * B (16 x 64, smem, N-major: imm-trans-b = 1)
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " V5_D32 "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : V5_F8(0), V5_F8(8), V5_F8(16), V5_F8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#undef V5_F8
+#undef V5_W8
+#undef V5_D32
+#undef V5_D64
+#endif
+
+template <int HD, int MODE>
+__global__ void __launch_bounds__(V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::MINB)
+attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CUtensorMap tq,
+                               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                               int T, int NH, int NKV, float sl2) {
+#ifdef V5_DEVICE
+    using C = V5Cfg<HD, MODE>;
+    constexpr int BR = C::BR, BC = C::BC, NP = C::NP, ST = C::ST;
+    extern __shared__ unsigned char v5_smem[];
+    unsigned char *sQ = v5_smem + ((1024 - (smem_u32(v5_smem) & 1023)) & 1023);
+    unsigned char *sK = sQ + C::Q_BYTES, *sV = sK + ST * C::KV_BYTES;
+    uint64_t *qfull = (uint64_t *)(sV + ST * C::KV_BYTES), *kfull = qfull + 1, *vfull = kfull + ST, *empty = vfull + ST;
+    // the q tile is the slowest grid index, heaviest first: every heavy block of the grid starts before
+    // any light one (one block per SM leaves no other block to fill a late heavy block's tail)
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y;
+    const int kvh = h / (NH / NKV), q0 = qb * BR, nkv = (q0 + BR - 1) / BC + 1;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        mbar_init(qfull, 1);
+        for (int s = 0; s < ST; s++) { mbar_init(kfull + s, 1); mbar_init(vfull + s, 1); mbar_init(empty + s, 8); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the async proxy (TMA)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    auto load_q = [&]() {
+        mbar_expect_tx(qfull, C::Q_BYTES);
+        for (int p = 0; p < NP; p++) { tma_load_2d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, b * T + q0); }
+    };
+    auto load_kv = [&](int j) {   // K and V of kv tile j into stage j % ST (free: released or never used)
+        const int s = j % ST;
+        mbar_expect_tx(kfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, b * T + j * BC);
+        }
+        mbar_expect_tx(vfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, b * T + j * BC);
+        }
+    };
+    if (MODE != 2 && warp == 8) {   // producer: one lane issues every copy; waits for a stage's release to refill it
+        if (lane == 0) {
+            load_q();
+            for (int j = 0; j < nkv; j++) {
+                // tile j is stage j % ST's (j / ST)-th use: wait for the release of its previous use, phase j / ST - 1
+                if (j >= ST) { mbar_wait(empty + j % ST, ((j / ST) + 1) & 1); }
+                load_kv(j);
+            }
+        }
+        return;
+    }
+    if (MODE == 2 && threadIdx.x == 0) {   // the first ST tiles; the rest after each release (below)
+        load_q();
+        for (int j = 0; j < ST && j < nkv; j++) { load_kv(j); }
+    }
+
+    // consumers: warpgroup wg owns rows q0 + 64 wg .. +63, warp wl of it rows rw .. rw + 15
+    const int wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
+    const int rw = q0 + wg * 64 + wl * 16;
+    float o[NP][32], sc[BC / 2];
+    uint32_t pa[BC / 16][4];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) { o[p][i] = 0.f; }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+    const uint32_t qaddr = smem_u32(sQ) + wg * 64 * 128;
+    mbar_wait(qfull, 0);
+    __syncwarp();   // the warp converged (mode 2: lane 0 of warp 0 issued copies) before .aligned instructions
+
+    auto wait_k = [&](int j) { mbar_wait(kfull + j % ST, (j / ST) & 1); __syncwarp(); };
+    auto wait_v = [&](int j) { mbar_wait(vfull + j % ST, (j / ST) & 1); __syncwarp(); };
+    // S_j = Q K_j^T into sc (the first k step overwrites sc), K_j landed: issued and committed, not waited for
+    auto issue_s = [&](int j) {
+        const uint32_t kaddr = smem_u32(sK + (j % ST) * C::KV_BYTES);
+        wgmma_fence();
+        // k16 step kk: panel kk / 4, 32 bytes a step inside it
+        wgmma_ss<BC, 0>(sc, v5_desc(qaddr, 16, 1024), v5_desc(kaddr, 16, 1024));
+#pragma unroll
+        for (int kk = 1; kk < HD / 16; kk++) {
+            const uint32_t koff = (kk % 4) * 32;
+            wgmma_ss<BC, 1>(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
+                            v5_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
+        }
+        wgmma_commit();
+    };
+    // on a completed S_j: causal mask, running max m, alpha = exp2(m_old - m_new), sc = P_j = exp2(s sl2 - m), l
+    auto softmax = [&](int j) {
+        const int k0 = j * BC;
+        if (k0 + BC - 1 > rw) {   // the tile crosses the diagonal of some row of this warp
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (k0 + 8 * i + 2 * t4 + (e & 1) > rw + g + 8 * (e >> 1)) { sc[4 * i + e] = -INFINITY; }
+                }
+        }
+        // as v2: tile 0 holds key 0, visible to every row, so m is finite from then on
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) { mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1])); }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[r], mx * sl2);
+            alpha[r] = exp2f(m[r] - mnew);
+            m[r] = mnew;
+            l[r] *= alpha[r];
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) {
+                sc[4 * i + 2 * r] = exp2f(fmaf(sc[4 * i + 2 * r], sl2, -mnew));
+                sc[4 * i + 2 * r + 1] = exp2f(fmaf(sc[4 * i + 2 * r + 1], sl2, -mnew));
+                l[r] += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
+            }
+        }
+    };
+    auto rescale = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                o[p][4 * i] *= alpha[0]; o[p][4 * i + 1] *= alpha[0];
+                o[p][4 * i + 2] *= alpha[1]; o[p][4 * i + 3] *= alpha[1];
+            }
+    };
+    // P_j (in sc) -> bf16 A fragments pa (register pairs of the accumulator, see the top comment)
+    auto pack = [&]() {
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++) {
+            pa[kc][0] = pack_bf16(sc[8 * kc], sc[8 * kc + 1]);
+            pa[kc][1] = pack_bf16(sc[8 * kc + 2], sc[8 * kc + 3]);
+            pa[kc][2] = pack_bf16(sc[8 * kc + 4], sc[8 * kc + 5]);
+            pa[kc][3] = pack_bf16(sc[8 * kc + 6], sc[8 * kc + 7]);
+        }
+    };
+    // O += P_j V_j, V_j landed: issued and committed, not waited for
+    auto issue_pv = [&](int j) {
+        const uint32_t vaddr = smem_u32(sV + (j % ST) * C::KV_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+        reg_fence_u(pa);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++)   // k16 step kc: key rows 16 kc.., 2048 bytes a step
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                wgmma_rs_n64(o[p], pa[kc], v5_desc(vaddr + p * C::PANEL_KV + kc * 2048, C::PANEL_KV, 1024));
+            }
+        wgmma_commit();
+    };
+    // after the wgmmas reading stage j % ST completed: this warp releases the stage to the producer
+    auto release = [&](int j) {
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + j % ST); }
+    };
+    auto settle = [&]() {   // every issued wgmma of this thread completed; its registers are final
+        wgmma_wait<0>();
+        reg_fence(sc);
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+        reg_fence_u(pa);
+    };
+
+    // mode 3: the warpgroups take turns to issue their wgmmas (named barriers 1 + wg, 256 threads:
+    // one warpgroup's bar.sync completes on the other's bar.arrive), so that one's softmax runs
+    // while the other's matrix products do. Each waits for its data before taking its turn.
+    // Counts: each barrier sees nkv + 1 syncs and nkv + 1 arrivals, never two arrivals ahead.
+    auto turn_take = [&]() {   // barrier 1 + wg (immediate ids: ptxas then reserves 3 barriers, not 16)
+        if (MODE != 3) { return; }
+        if (wg == 0) { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+        else { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+    };
+    auto turn_pass = [&]() {   // barrier 2 - wg: the other warpgroup's
+        if (MODE != 3) { return; }
+        if (wg == 0) { asm volatile("bar.arrive 2, 256;\n" ::: "memory"); }
+        else { asm volatile("bar.arrive 1, 256;\n" ::: "memory"); }
+    };
+
+    if (MODE == 1 || MODE == 2) {   // S_j, softmax, P_j V_j, one after the other
+        for (int j = 0; j < nkv; j++) {
+            wait_k(j);
+            issue_s(j);
+            settle();
+            softmax(j);
+            rescale();
+            pack();
+            wait_v(j);
+            issue_pv(j);
+            settle();
+            release(j);
+            if (MODE == 2) {
+                // thread 0 refills stage j % ST with tile j + ST once all 8 warps released tile j (phase j / ST)
+                if (threadIdx.x == 0 && j + ST < nkv) {
+                    mbar_wait(empty + j % ST, (j / ST) & 1);
+                    load_kv(j + ST);
+                }
+                __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
+            }
+        }
+    } else {          // modes 0, 3: S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
+        wait_k(0);
+        if (MODE == 3 && wg == 1) { turn_pass(); }   // warpgroup 0 goes first
+        turn_take();
+        issue_s(0);
+        turn_pass();
+        settle();
+        softmax(0);   // O = 0: no rescale
+        for (int j = 0; j < nkv; j++) {
+            pack();
+            if (j + 1 < nkv) { wait_k(j + 1); }
+            wait_v(j);
+            turn_take();
+            if (j + 1 < nkv) { issue_s(j + 1); }
+            issue_pv(j);
+            if (wg == 0 || j + 1 < nkv) { turn_pass(); }   // warpgroup 1's last pass would have no taker
+            if (j + 1 < nkv) {
+                wgmma_wait<1>();   // S_{j+1} complete (groups complete in order); P_j V_j may still run
+                reg_fence(sc);
+                softmax(j + 1);
+            }
+            settle();
+            if (j + 1 < nkv) { rescale(); }
+            release(j);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const int row0 = rw + g;
+    if (t4 == 0) {
+        float *lrow = lse + ((size_t)b * NH + h) * T + row0;
+        lrow[0] = (m[0] + log2f(l[0])) * LN2;
+        lrow[8] = (m[1] + log2f(l[1])) * LN2;
+    }
+    const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
+    bf16 *o0 = out + (((size_t)b * T + row0) * NH + h) * HD, *o1 = o0 + (size_t)8 * NH * HD;
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int col = 64 * p + 8 * i + 2 * t4;
+            *(uint32_t *)(o0 + col) = pack_bf16(o[p][4 * i] * inv0, o[p][4 * i + 1] * inv0);
+            *(uint32_t *)(o1 + col) = pack_bf16(o[p][4 * i + 2] * inv1, o[p][4 * i + 3] * inv1);
+        }
+#else
+    __trap();   // built without sm_90a: the host never launches v5 then (v5_device_unsupported)
+#endif
+}
+
+// Host emulation of v5's shared-memory and register layouts (run by --cpu-selftest): TMA's
+// 128-byte swizzle fills Q, K and V panels of small integers; the wgmma operands are read
+// back through v5_desc's descriptors decoded as the PTX ISA's canonical layouts (K-major:
+// element (mn, k) at start + (mn/8) SBO + (mn%8) 128 + 2k; N-major: element (k, n) at
+// start + (n/64) LBO + 2 (n%64) + (k%8) 128 + (k/8) SBO; then the swizzle XOR on address
+// bits 4-6 from bits 7-9); S = Q K^T lands in the accumulator layout, is repacked into
+// register A fragments with the kernel's pairing, and O = P V is accumulated the same way.
+// Checks: every smem byte of a tile written once, every accumulator and A element hit
+// exactly once, and S and O equal their direct products (exact small integers).
+static uint32_t emu_swizzle(uint32_t addr, uint64_t desc) {
+    if ((desc >> 62) != 1) { return 0xffffffffu; }   // v5 uses the 128-byte mode only
+    return addr ^ (((addr >> 7) & 7) << 4);
+}
+static uint32_t emu_kmajor(uint64_t desc, int mn, int k) {
+    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+    return emu_swizzle(start + (mn / 8) * sbo + (mn % 8) * 128 + 2 * k, desc);
+}
+static uint32_t emu_nmajor(uint64_t desc, int k, int n) {
+    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4;
+    const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+    return emu_swizzle(start + (n / 64) * lbo + 2 * (n % 64) + (k % 8) * 128 + (k / 8) * sbo, desc);
+}
+
+template <int HD>
+static int v5_selftest_hd() {
+    typedef V5Cfg<HD> C;
+    constexpr int BR = C::BR, BC = C::BC, NP = C::NP;
+    int bad = 0;
+    // one stage: sQ at 0, sK, sV after it (offsets as in the kernel; the kernel's base is 1024-aligned)
+    const uint32_t qbase = 0, kbase = C::Q_BYTES, vbase = kbase + C::KV_BYTES, total = vbase + C::KV_BYTES;
+    std::vector<int> smem(total / 2, INT32_MIN), hits(total / 2, 0);
+    std::vector<int> Q(BR * HD), K(BC * HD), V(BC * HD);
+    for (auto &x : Q) { x = (int)(rng_u64() % 7) - 3; }
+    for (auto &x : K) { x = (int)(rng_u64() % 7) - 3; }
+    for (auto &x : V) { x = (int)(rng_u64() % 7) - 3; }
+    // TMA: box (64 columns, R rows) of panel p to base + p * PANEL
+    auto tma = [&](const std::vector<int> &src, int R, uint32_t base, uint32_t panel) {
+        for (int p = 0; p < NP; p++)
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < 64; c++) {
+                    const uint32_t a = base + p * panel + v5_swz(r, c);
+                    smem[a / 2] = src[r * HD + 64 * p + c];
+                    hits[a / 2]++;
+                }
+    };
+    tma(Q, BR, qbase, C::PANEL_Q); tma(K, BC, kbase, C::PANEL_KV); tma(V, BC, vbase, C::PANEL_KV);
+    for (int x : hits) { bad += x != 1; }
+    const int tma_bad = bad;
+
+    for (int wg = 0; wg < 2; wg++) {
+        // S = Q K^T for this warpgroup's 64 rows: d[thread][v], thread = 32 w + lane
+        static double sc[128][BC / 2];
+        memset(sc, 0, sizeof sc);
+        const uint32_t qaddr = qbase + wg * 64 * 128;
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t koff = (kk % 4) * 32;
+            const uint64_t da = v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024);
+            const uint64_t db = v5_desc(kbase + (kk / 4) * C::PANEL_KV + koff, 16, 1024);
+            double A[64][16], B[16][BC];
+            for (int mm = 0; mm < 64; mm++)
+                for (int k = 0; k < 16; k++) { A[mm][k] = smem[emu_kmajor(da, mm, k) / 2]; }
+            for (int n = 0; n < BC; n++)
+                for (int k = 0; k < 16; k++) { B[k][n] = smem[emu_kmajor(db, n, k) / 2]; }
+            for (int th = 0; th < 128; th++)
+                for (int v = 0; v < BC / 2; v++) {
+                    const int w = th / 32, lane = th % 32;
+                    const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
+                    for (int k = 0; k < 16; k++) { sc[th][v] += A[row][k] * B[k][col]; }
+                }
+        }
+        // accumulator coverage and values
+        std::vector<int> cov(64 * BC, 0);
+        for (int th = 0; th < 128; th++)
+            for (int v = 0; v < BC / 2; v++) {
+                const int w = th / 32, lane = th % 32;
+                const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
+                cov[row * BC + col]++;
+                double ref = 0;
+                for (int d = 0; d < HD; d++) { ref += (double)Q[(64 * wg + row) * HD + d] * K[col * HD + d]; }
+                bad += sc[th][v] != ref;
+            }
+        for (int x : cov) { bad += x != 1; }
+        // P = S (no softmax: the layouts are under test) repacked as the kernel does; O = P V
+        static double o[128][NP][32];
+        memset(o, 0, sizeof o);
+        for (int kc = 0; kc < BC / 16; kc++) {
+            double A[64][16];
+            std::vector<int> acov(64 * 16, 0);
+            for (int th = 0; th < 128; th++) {
+                const int w = th / 32, lane = th % 32;
+                // pa[kc][r] = pair (sc[8kc + 2r], sc[8kc + 2r + 1]); register r = 2i + h holds A[16w + g + 8h][8i + 2t + e]
+                for (int r = 0; r < 4; r++)
+                    for (int e = 0; e < 2; e++) {
+                        const int i = r >> 1, hh = r & 1;
+                        const int row = 16 * w + lane / 4 + 8 * hh, k = 8 * i + 2 * (lane % 4) + e;
+                        A[row][k] = sc[th][8 * kc + 2 * r + e];
+                        acov[row * 16 + k]++;
+                    }
+            }
+            for (int x : acov) { bad += x != 1; }
+            for (int p = 0; p < NP; p++) {
+                const uint64_t db = v5_desc(vbase + p * C::PANEL_KV + kc * 2048, C::PANEL_KV, 1024);
+                double B[16][64];
+                for (int k = 0; k < 16; k++)
+                    for (int n = 0; n < 64; n++) { B[k][n] = smem[emu_nmajor(db, k, n) / 2]; }
+                for (int th = 0; th < 128; th++)
+                    for (int v = 0; v < 32; v++) {
+                        const int w = th / 32, lane = th % 32;
+                        const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
+                        for (int k = 0; k < 16; k++) { o[th][p][v] += A[row][k] * B[k][col]; }
+                    }
+            }
+        }
+        // the kernel's epilogue coordinates: o[p][4i + 2h + e] -> row rw + g + 8h, column 64p + 8i + 2t + e
+        std::vector<double> Sd(64 * BC);
+        for (int r = 0; r < 64; r++)
+            for (int c = 0; c < BC; c++) {
+                double x = 0;
+                for (int d = 0; d < HD; d++) { x += (double)Q[(64 * wg + r) * HD + d] * K[c * HD + d]; }
+                Sd[r * BC + c] = x;
+            }
+        std::vector<int> ocov(64 * HD, 0);
+        for (int th = 0; th < 128; th++)
+            for (int p = 0; p < NP; p++)
+                for (int i = 0; i < 8; i++)
+                    for (int hh = 0; hh < 2; hh++)
+                        for (int e = 0; e < 2; e++) {
+                            const int w = th / 32, lane = th % 32;
+                            const int row = 16 * w + lane / 4 + 8 * hh, col = 64 * p + 8 * i + 2 * (lane % 4) + e;
+                            ocov[row * HD + col]++;
+                            double ref = 0;
+                            for (int c = 0; c < BC; c++) { ref += Sd[row * BC + c] * V[c * HD + col]; }
+                            bad += o[th][p][4 * i + 2 * hh + e] != ref;
+                        }
+        for (int x : ocov) { bad += x != 1; }
+    }
+    // descriptor fields round-trip, and every panel base is 1024-aligned (base offset 0)
+    const uint64_t dd = v5_desc(0x12340, 0x4000, 1024);
+    bad += (dd & 0x3FFF) != (0x12340 >> 4) || ((dd >> 16) & 0x3FFF) != (0x4000 >> 4) ||
+           ((dd >> 32) & 0x3FFF) != 64 || ((dd >> 49) & 7) != 0 || (dd >> 62) != 1;
+    bad += (C::PANEL_Q % 1024) || (C::PANEL_KV % 1024) || (C::Q_BYTES % 1024) || (C::KV_BYTES % 1024);
+    printf("v5 emulation HD=%d (TMA 128B swizzle, wgmma descriptors K-/N-major, accumulator and A fragments, "
+           "epilogue coordinates): %s (tma coverage errors %d, total %d)\n", HD, bad ? "FAIL" : "ok", tma_bad, bad);
+    return bad ? 1 : 0;
+}
+static int v5_selftest() { return v5_selftest_hd<64>() + v5_selftest_hd<128>(); }
+
+// ----------------------------------------------------------------------------
 // host: launchers and dispatch
 
 struct Bufs {
@@ -1775,17 +2347,130 @@ static void backward_v4(const Shape &s, const Bufs &d) {
     launch_check(V.name);
 }
 
-static const int NVERSIONS = 4;
+// v5: the wgmma/TMA forward (attention_forward_wgmma_kernel) and v2's backward, which reads v5's out and lse.
+// The tensor maps describe q (B*T rows of NH*HD bf16) and k, v (B*T rows of NKV*HD) as 2D tensors with
+// boxes of 64 columns x 128 rows in the 128-byte swizzle; made once per (buffers, shape).
+static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !p) {
+            fprintf(stderr, "v5: the driver has no cuTensorMapEncodeTiled (query result %d); update the driver\n", (int)q);
+            exit(1);
+        }
+        fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+static CUtensorMap make_tmap_2d(const bf16 *base, size_t cols, size_t rows, int box_rows) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = tmap_encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "v5: cuTensorMapEncodeTiled failed (CUresult %d) for %zu x %zu bf16, box 64 x %d\n", (int)r, rows,
+                cols, box_rows);
+        exit(1);
+    }
+    return m;
+}
+__global__ void v5_probe_kernel(int *built) {
+#ifdef V5_DEVICE
+    *built = 1;
+#else
+    *built = 0;
+#endif
+}
+// why v5 cannot run on this GPU or build, or NULL; asked once
+static const char *v5_device_unsupported() {
+    static int state = -1;
+    static char why[160];
+    if (state < 0) {
+        int dev, major, minor;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (major != 9 || minor != 0) {
+            snprintf(why, sizeof why, "v5 needs an sm_90 GPU (H100/H200) for wgmma and TMA; this one is sm_%d%d", major, minor);
+            state = 0;
+        } else {
+            int *d, h = 0;
+            cudaCheck(cudaMalloc(&d, sizeof(int)));
+            v5_probe_kernel<<<1, 1>>>(d);
+            launch_check("v5_probe_kernel");
+            cudaCheck(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaFree(d));
+            if (!h) { snprintf(why, sizeof why, "v5: built without sm_90a code; build with nvcc -arch=sm_90a"); }
+            state = h;
+        }
+    }
+    return state ? NULL : why;
+}
+// v5's variants (--variant K with --version 5) = the kernel's MODE: 0 = S_{j+1} and P_j V_j in flight
+// during the softmax of S_{j+1} (the intended kernel); 1 = each warpgroup's steps in turn; 2 = as 1
+// without the producer warp, two blocks per SM; 3 = as 0 with the two warpgroups issuing in turns
+static const int V5_NVARIANTS = 4;
+static const char *v5_variant_name[V5_NVARIANTS] = {"overlap: S(j+1), PV(j) in flight during softmax(j+1)",
+                                                    "serial: S, softmax, PV in turn",
+                                                    "serial, no producer warp, 2 blocks/SM",
+                                                    "overlap + warpgroups take turns to issue (ping-pong)"};
+template <int HD>
+struct V5 {
+    template <int MODE>
+    static void launch(const Shape &s, const Bufs &d, const CUtensorMap &tq, const CUtensorMap &tk,
+                       const CUtensorMap &tv) {
+        typedef V5Cfg<HD, MODE> C;
+        static bool init = false;
+        if (!init) { set_smem(attention_forward_wgmma_kernel<HD, MODE>, C::SMEM); init = true; }
+        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.NH, s.B, s.T / C::BR), C::THREADS, C::SMEM>>>(
+            d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV, LOG2E / sqrtf((float)HD));
+        char what[64];
+        snprintf(what, sizeof what, "attention_forward_wgmma_kernel (v5.%d)", MODE);
+        launch_check(what);
+    }
+    static void forward(const Shape &s, const Bufs &d, int var) {
+        typedef V5Cfg<HD> C;   // tile sizes: the same in every mode
+        static const void *key[3] = {};
+        static Shape ks = {0, 0, 0, 0, 0};
+        static CUtensorMap tq, tk, tv;
+        if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s)) {
+            tq = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, C::BR);
+            tk = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
+            tv = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
+            key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s;
+        }
+        if (var == 0) { launch<0>(s, d, tq, tk, tv); }
+        else if (var == 1) { launch<1>(s, d, tq, tk, tv); }
+        else if (var == 2) { launch<2>(s, d, tq, tk, tv); }
+        else { launch<3>(s, d, tq, tk, tv); }
+    }
+    template <int MODE>
+    static void info1() {
+        char tag[16];
+        snprintf(tag, sizeof tag, "v5.%d", MODE);
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", (const void *)attention_forward_wgmma_kernel<HD, MODE>,
+                                                 V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::SMEM);
+    }
+    static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); }
+};
+
+static const int NVERSIONS = 5;
 static const char *version_name[NVERSIONS + 1] = {"", "v1 warp-per-row fp32", "v2 flash mma.sync 4 warps",
                                                   "v3 flash mma.sync 8 warps",
-                                                  "v4 v3 fwd + fused bwd (ordered fp32 dQ)"};
+                                                  "v4 v3 fwd + fused bwd (ordered fp32 dQ)",
+                                                  "v5 fwd wgmma + TMA + mbarrier pipeline (v2 bwd)"};
 
 // the version's constraints on the shape, or NULL
 static const char *unsupported(int ver, const Shape &s) {
     if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
     if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
-    if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
+    if ((ver == 2 || ver == 3 || ver == 5) && s.T % 128) { return "T must be a multiple of 128"; }
+    if (ver == 5) { return v5_device_unsupported(); }
     return NULL;
 }
 
@@ -1793,12 +2478,13 @@ static void run_forward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? forward_v1<2>(s, d) : forward_v1<4>(s, d); }
     else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
     else if (ver == 3) { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
+    else if (ver == 5) { s.HD == 64 ? V5<64>::forward(s, d, g_variant) : V5<128>::forward(s, d, g_variant); }
     else { forward_v4(s, d); }
 }
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
 static void run_backward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }
-    else if (ver == 2) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
+    else if (ver == 2 || ver == 5) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
     else if (ver == 3) { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
     else { backward_v4(s, d); }
 }
@@ -1899,6 +2585,21 @@ static bool check_version(int ver, Shape s, double qsd) {
         download(tc, d.turns, nturns_of(s));
         for (unsigned x : tc) { counters_zero &= x == 0; }
     }
+    // v5 against v2's forward on the same inputs (what the trainer runs today): out and lse
+    double e2o = 0, e2l = 0;
+    if (ver == 5) {
+        std::vector<uint16_t> o2;
+        std::vector<float> l2;
+        run_forward(2, s, d);
+        cudaCheck(cudaDeviceSynchronize());
+        download(o2, d.out, nq); download(l2, d.lse, nl);
+        std::vector<double> o2d(nq), l2d(nl);
+        for (size_t i = 0; i < nq; i++) { o2d[i] = bf2f(o2[i]); }
+        for (size_t i = 0; i < nl; i++) { l2d[i] = l2[i]; }
+        bool fin2 = true;
+        e2o = rel_err_bf16(go[0], o2d, &fin2);
+        e2l = rel_err_f32(gl[0], l2d, &fin2);
+    }
     free_bufs(d);
     bool finite = true;
     const double eo = rel_err_bf16(go[0], out, &finite), el = rel_err_f32(gl[0], lse, &finite);
@@ -1909,9 +2610,11 @@ static bool check_version(int ver, Shape s, double qsd) {
                       gdq32[0].size() == gdq32[1].size() &&
                       (gdq32[0].empty() || !memcmp(gdq32[0].data(), gdq32[1].data(), gdq32[0].size() * sizeof(float)));
     const double tol = 1e-2;
-    const bool ok = finite && same && counters_zero && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol;
-    char tag[16] = "";
+    const bool ok = finite && same && counters_zero && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol &&
+                    e2o < tol && e2l < 1e-4;
+    char tag[64] = "";
     if (ver == 4) { snprintf(tag, sizeof tag, ".%d", g_variant); }
+    if (ver == 5) { snprintf(tag, sizeof tag, ".%d (vs v2 fwd: out %.2e lse %.2e)", g_variant, e2o, e2l); }
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq%s %.2e dk %.2e dv %.2e | %s | "
            "repeat %s%s | %s\n", ver, tag, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, dq_fp32 ? "(fp32)" : "", eq, ek, ev,
            finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
@@ -1919,14 +2622,18 @@ static bool check_version(int ver, Shape s, double qsd) {
     return ok;
 }
 
+static const Shape *g_check_shape = NULL;   // --shape with --check: that shape only (q.sd 2)
 static bool check(int ver) {
+    if (g_check_shape) { return check_version(ver, *g_check_shape, 2.0); }
     // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; two with
-    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles
+    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles; T = 1024: 8 (HD 64) and
+    // 16 (HD 128) kv tiles for the last q tile, so that v5's ring of 4 (3) stages wraps
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
         {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0},
         {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0},
-        {{9, 256, 8, 4, 64}, 1.0}};   // 36 (b, kvh) groups: several ticket batches of v4's lite variants
+        {{9, 256, 8, 4, 64}, 1.0},    // 36 (b, kvh) groups: several ticket batches of v4's lite variants
+        {{1, 1024, 4, 2, 64}, 2.0}, {{1, 1024, 4, 2, 128}, 2.0}};
     bool ok = true;
     for (auto &c : cases) { ok &= check_version(ver, c.s, c.qsd); }
     return ok;
@@ -1943,7 +2650,7 @@ static bool check(int ver) {
 
 static const double PEAK_TFLOPS = 790.0, PEAK_TBS = 4.3;
 
-struct BenchRow { int ver; Shape s; double fwd_ms, bwd_ms; };
+struct BenchRow { int ver, var; Shape s; double fwd_ms, bwd_ms; };
 
 static double median(std::vector<float> x) { std::sort(x.begin(), x.end()); return x[x.size() / 2]; }
 
@@ -1963,7 +2670,7 @@ static void floors(const Shape &s, double *ffl, double *fby, double *bfl, double
 }
 
 static BenchRow bench_one(int ver, Shape s, int reps) {
-    BenchRow row = {ver, s, NAN, NAN};
+    BenchRow row = {ver, g_variant, s, NAN, NAN};
     const char *why = unsupported(ver, s);
     if (why) { printf("v%d: skipped (%s)\n", ver, why); return row; }
     Bufs d;
@@ -1992,8 +2699,8 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.fwd_ms = median(tf);
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
-    printf("v%d B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+    printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
+           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : g_variant == 2 ? ".2" : ".3") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -2001,7 +2708,7 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
 }
 
 static void print_table(const std::vector<BenchRow> &rows) {
-    printf("\n%-3s %-22s | %9s %8s %6s | %9s %8s %6s | floors fwd/bwd: flop ms, byte ms\n", "ver", "B,T,NH,NKV,HD",
+    printf("\n%-4s %-22s | %9s %8s %6s | %9s %8s %6s | floors fwd/bwd: flop ms, byte ms\n", "ver", "B,T,NH,NKV,HD",
            "fwd ms", "TFLOP/s", "%790", "bwd ms", "TFLOP/s", "%790");
     for (const BenchRow &r : rows) {
         double ffl, fby, bfl, bby;
@@ -2009,7 +2716,9 @@ static void print_table(const std::vector<BenchRow> &rows) {
         char sh[64];
         snprintf(sh, sizeof sh, "%d,%d,%d,%d,%d", r.s.B, r.s.T, r.s.NH, r.s.NKV, r.s.HD);
         const double ft = ffl / (r.fwd_ms * 1e-3) / 1e12, bt = bfl / (r.bwd_ms * 1e-3) / 1e12;
-        printf("v%-2d %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", r.ver, sh, r.fwd_ms,
+        char id[16];
+        if (r.ver == 5) { snprintf(id, sizeof id, "v5.%d", r.var); } else { snprintf(id, sizeof id, "v%d", r.ver); }
+        printf("%-4s %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", id, sh, r.fwd_ms,
                ft, 100 * ft / PEAK_TFLOPS, r.bwd_ms, bt, 100 * bt / PEAK_TFLOPS, ffl / PEAK_TFLOPS / 1e9,
                bfl / PEAK_TFLOPS / 1e9, fby / PEAK_TBS / 1e9, bby / PEAK_TBS / 1e9);
     }
@@ -2070,9 +2779,9 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 // ----------------------------------------------------------------------------
 
 static void usage() {
-    fprintf(stderr, "usage: attention [--cpu-selftest] [--version N | --all] [--check] [--bench]\n"
+    fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-3) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }
@@ -2088,7 +2797,8 @@ static std::vector<int> parse_ints(const char *a) {
 }
 
 int main(int argc, char **argv) {
-    int ver = 0, reps = 30, rounds = 2;
+    int reps = 30, rounds = 2;
+    std::vector<int> vers;
     std::vector<int> variants = {0};
     std::vector<Cfg> blist;
     bool all = false, do_check = false, do_bench = false, selftest = false, have_shape = false;
@@ -2096,7 +2806,7 @@ int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--version") && i + 1 < argc) { ver = atoi(argv[++i]); }
+        if (!strcmp(a, "--version") && i + 1 < argc) { vers = parse_ints(argv[++i]); }
         else if (!strcmp(a, "--all")) { all = true; }
         else if (!strcmp(a, "--check")) { do_check = true; }
         else if (!strcmp(a, "--bench")) { do_bench = true; }
@@ -2118,13 +2828,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &user.B, &user.T, &user.NH, &user.NKV, &user.HD) != 5) { usage(); }
             have_shape = true;
+            g_check_shape = &user;
         } else { usage(); }
     }
     rng_state = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     if (selftest) { return cpu_selftest(); }
     for (int x : variants) { if (x < 0 || x >= NVARIANTS) { usage(); } }
-    for (const Cfg &c : blist) { if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= NVARIANTS) { usage(); } }
+    for (int x : variants) {
+        if (x >= V5_NVARIANTS && std::find(vers.begin(), vers.end(), 5) != vers.end()) {
+            fprintf(stderr, "--variant %d: v5 has variants 0..%d; pass one of them with --version 5\n", x, V5_NVARIANTS - 1);
+            return 2;
+        }
+    }
+    for (const Cfg &c : blist) {
+        if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= (c.ver == 5 ? V5_NVARIANTS : NVARIANTS)) { usage(); }
+    }
     if (!blist.empty()) {
         cudaDeviceProp prop;
         cudaCheck(cudaGetDeviceProperties(&prop, 0));
@@ -2140,7 +2859,9 @@ int main(int argc, char **argv) {
         bench_list(blist, have_shape ? user : Shape{16, 2048, 8, 4, 64}, reps, rounds);
         return 0;
     }
-    if (!all && (ver < 1 || ver > NVERSIONS)) { usage(); }
+    if (all) { vers.clear(); for (int x = 1; x <= NVERSIONS; x++) { vers.push_back(x); } }
+    if (vers.empty()) { usage(); }
+    for (int x : vers) { if (x < 1 || x > NVERSIONS) { usage(); } }
     if (!do_check && !do_bench) {
         if (!all) { usage(); }
         do_check = do_bench = true;
@@ -2151,23 +2872,30 @@ int main(int argc, char **argv) {
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, %.0f MB L2, %zu KB smem/block opt-in\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize / 1e6, prop.sharedMemPerBlockOptin / 1024);
-    const int v0 = all ? 1 : ver, v1 = all ? NVERSIONS : ver;
     bool ok = true;
+    std::vector<std::pair<int, int>> failed;   // (version, variant) that failed --check: never timed
+    auto has = [&](int x) { return std::find(vers.begin(), vers.end(), x) != vers.end(); };
+    if (has(5) && v5_device_unsupported()) {   // one line, then every other version as usual
+        printf("v5 skipped: %s\n", v5_device_unsupported());
+        vers.erase(std::find(vers.begin(), vers.end(), 5));
+        if (vers.empty()) { return 0; }
+    }
+    auto variant_list = [&](int x) { return (x == 4 || x == 5) ? variants : std::vector<int>{0}; };
     if (do_check) {
         sync_launches = true;   // attribute an execution error to its kernel
-        for (int x = v0; x <= v1; x++) {
-            if (x != 4) {
-                printf("--- check %s\n", version_name[x]);
-                ok &= check(x);
-                continue;
-            }
-            for (int var : variants) {
-                printf("--- check %s, variant %d: %s\n", version_name[x], var, v4_variants[var].name);
-                if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
+        for (int x : vers)
+            for (int var : variant_list(x)) {
+                if (x == 4) {
+                    printf("--- check %s, variant %d: %s\n", version_name[x], var, v4_variants[var].name);
+                    if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
+                } else if (x == 5) {
+                    printf("--- check %s, variant %d: %s\n", version_name[x], var, v5_variant_name[var]);
+                } else {
+                    printf("--- check %s\n", version_name[x]);
+                }
                 g_variant = var;
-                ok &= check(x);
+                if (!check(x)) { ok = false; failed.push_back({x, var}); }
             }
-        }
         sync_launches = false;
         printf("check: %s\n", ok ? "PASS" : "FAIL");
     }
@@ -2180,18 +2908,22 @@ int main(int argc, char **argv) {
             shapes.push_back({16, 1024, 16, 8, 128});  // 1b:   C=2048
         }
         printf("kernel resources:\n");
-        if (v0 <= 2 && v1 >= 2) { V2_64::info("v2"); V2_128::info("v2"); }
-        if (v0 <= 3 && v1 >= 3) { V3_64::info("v3"); V3_128::info("v3"); }
-        if (v0 <= 4 && v1 >= 4) {
-            V2_64::forward_info("v4", "bwd", v4_variants[variants[0]].kern, 128, v4_smem());
-        }
+        if (has(2)) { V2_64::info("v2"); V2_128::info("v2"); }
+        if (has(3)) { V3_64::info("v3"); V3_128::info("v3"); }
+        if (has(4)) { V2_64::forward_info("v4", "bwd", v4_variants[variants[0]].kern, 128, v4_smem()); }
+        if (has(5)) { V5<64>::info(); V5<128>::info(); }
         std::vector<BenchRow> rows;
         for (const Shape &s : shapes)
-            for (int x = v0; x <= v1; x++) {
-                if (do_check && !ok) { break; }   // never time a version that failed its check
-                g_variant = variants[0];
-                rows.push_back(bench_one(x, s, reps));
-            }
+            for (int x : vers)
+                for (int var : variant_list(x)) {
+                    if (x == 4 && var != variants[0]) { continue; }   // v4: the first variant only, as before
+                    if (std::find(failed.begin(), failed.end(), std::make_pair(x, var)) != failed.end()) {
+                        printf("v%d.%d: not timed (failed its check)\n", x, var);
+                        continue;
+                    }
+                    g_variant = var;
+                    rows.push_back(bench_one(x, s, reps));
+                }
         print_table(rows);
     }
     return ok ? 0 : 1;

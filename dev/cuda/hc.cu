@@ -81,18 +81,20 @@ Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes)
   24 x 32768 x 26 KiB = 21 GB a micro-step, 5.2 ms at 4.0 TB/s (v2 path 6.6 ms).
 
 Against the goals (memory at most 1.3x std, speed at least 0.90x std tokens/s at 100m, B = 16):
-NOTES_hc.md has the measurements (std 685K tokens/s, 12.04 GiB; hc v2 585K, 16.1 GiB: 0.836x,
-1.34x). Predictions for v3, not yet measured:
+NOTES_hc.md has the measurements: in one session std 700K tokens/s and 12.0 GiB, hc v2 585K and
+16.1 GiB (0.836x, 1.34x); dev/bench_gpu.sh's std 685K, 12.04 GiB. Predictions for v3, not yet
+measured:
   memory: the h rows (25 sites x N x C bf16 = 0.78 GiB) and the fp32 dh (N x C, 64 MiB) leave;
      the partials grow by P x C floats (2 MiB): 16.1 - 0.84 = ~15.3 GiB, ~1.27x std.
   time: the v2 path's std-norm passes (fwd 2 KiB, bwd 5 KiB of the 45 a position), the h
      write, and 4 of the 8 launches a boundary leave. v2's reduction is one thread per column
      serial over P = 1024 partials (L2 latency bound: tens of microseconds a call, if the
      loads pipeline 4 deep, ~1 ms a step); v3's is 32 lanes a column. The v2 trainer path
-     ran at 1.22x its byte floor over std's (8.1 ms measured, 6.6 ms floor); the same ratio
-     on v3's 5.2 ms gives +6.4 ms, ~54.3 ms a step: ~0.88x; with the reduction's saving as
-     estimated, ~53 ms: ~0.90x. So v3 reaches the memory goal and is at the edge of the
-     speed goal; the device run decides.
+     took 9.2 ms a step over std's in that session (56.0 - 46.8 ms; 8.2 ms against
+     bench_gpu.sh's 47.8 ms), 1.23x .. 1.39x its 6.6 ms byte floor. The same ratios on v3's
+     5.2 ms give +6.5 .. +7.3 ms: 0.865x .. 0.88x; with the reduction's saving as estimated,
+     0.88x .. 0.90x. So v3 reaches the memory goal and is at the edge of the speed goal or
+     below it; the device run decides.
   bf16 stream gradients dXp would take the bwd to (8n + 8) C = 20 KiB (+18 KiB over std's,
      3.6 ms at the floor: ~0.92x). Not done: dXp accumulates the gradient of every later
      sublayer, and a bf16 copy rounds it 24 times (relative error up to 24 x 2^-8 of the

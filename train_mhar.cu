@@ -48,9 +48,11 @@ slot gradient at a time, written once.
 
 Hyper-connections (SPEC section 8, -r hc -hc_n n): slot j+1 keeps o_j, and the
 n streams after each sublayer are kept (Acts.hcx); kernels/hc.cuh fuses the
-update of sublayer j with the read of site j+1 in the forward, and the read's
-backward of site j with the update's backward of sublayer j-1, keeping one fp32
-stream gradient (N, n, C) updated in place. The norms are std's kernels.
+update of sublayer j with the read of site j+1 and its pre-norm in the forward
+(writing u_{j+1} and its rstd, as std keeps them; the read h_{j+1} is not stored),
+and the norm's and the read's backward of site j with the update's backward of
+sublayer j-1 (recomputing h_j from the streams), keeping one fp32 stream gradient
+(N, n, C) updated in place.
 */
 #include <sys/resource.h>
 #include <type_traits>
@@ -136,8 +138,8 @@ typedef struct {
     float *route_lse; // (J, N, H)  fp32 log-sum-exp of each site's routing scores per head (mhar):
                       //            the weights a = exp(s - lse) are recomputed in backward
     float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
-    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots);
-                    //            delta: the routed mixes mix_j
+    floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots; hc
+                    //            recomputes its reads from the streams); delta: the routed mixes mix_j
     float *null_r;  // (J)        fp32: delta: r of each site's null source
     floatX *gate;   // (N, C)     delta: the site input h_j = x_j + alpha_j mix_j, of the site being
                     //            processed (the backward recomputes it, bit for bit)
@@ -171,7 +173,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 28
+#define NUM_GRAD_ACT_TENSORS 26
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -197,9 +199,8 @@ typedef struct {
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
     float *hc_dXp;  // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
                     //            site j, updated in place from site 2L down to site 1 (hc)
-    float *hc_dh;   // (N, C)  hc: dL/dh_j of the site being differentiated (its norm's backward)
-    float *hc_partial; // (hc_partial_floats(N, n))  per-part sums of dw, dA, dbeta (hc)
-    float *hc_dw;   // (n)  hc: dL/dw_j of the site being differentiated (into dalpha_j)
+    float *hc_partial; // (hc_partial_floats(N, n, C))  per-part sums of dw, dA, dbeta and the norm
+                       //            weight's gradient (hc)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
     float *delta_dh;   // (N, C)  delta: dL/dh_j of the site being processed
@@ -286,8 +287,9 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
         die("-hc_n %d: the CUDA trainer's hc kernels take 1, 2, 4 or 8 streams; use one of those, or the CPU "
             "trainer train_mhar for other n", cfg->n);
     }
-    if (cfg->mode == RES_HC && cfg->C % 8 != 0) {
-        die("-C %d: the CUDA trainer's hc kernels need C a multiple of 8", cfg->C);
+    if (cfg->mode == RES_HC && (cfg->C % 8 != 0 || cfg->C > 2048)) {
+        die("-C %d: the CUDA trainer's hc kernels need C a multiple of 8 and at most 2048; use such a width, or "
+            "the CPU trainer train_mhar", cfg->C);
     }
     attention_setup(cfg->HD);
     crossentropy_setup(cfg->Vp);
@@ -389,7 +391,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     TensorSpec as[NUM_ACT_TENSORS] = {
         {(void **)&a->slots, NS * N * C, X}, {(void **)&a->slot_r, routed ? NS * N : 0, S},
         {(void **)&a->route_lse, routed ? J * N * c->H : 0, S}, {(void **)&a->route_qg, routed ? J * C : 0, S},
-        {(void **)&a->h, routed || hc ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
+        {(void **)&a->h, routed ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
         {(void **)&a->gate, delta ? N * C : 0, X},
         {(void **)&a->hcx, (J - 1) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
         {(void **)&a->hc_A32, (J - 1) * hn * hn, S}, {(void **)&a->hc_beta32, (J - 1) * hn, S},
@@ -422,8 +424,8 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_dsr, routed ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
-        {(void **)&g->hc_dXp, N * hn * C, S}, {(void **)&g->hc_dh, hc ? N * C : 0, S},
-        {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n) : 0, S}, {(void **)&g->hc_dw, hn, S},
+        {(void **)&g->hc_dXp, N * hn * C, S},
+        {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n, c->C) : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
         {(void **)&g->delta_dh, delta ? N * C : 0, S}, {(void **)&g->delta_db, delta ? N * C : 0, S},
         {(void **)&g->delta_part, delta ? (size_t)RED_PARTS_MAX * (C + c->H + 1) : 0, S}};
@@ -647,9 +649,10 @@ void delta_site_forward(Model *m, int j, size_t N, const floatX *w) {
 // h_j = route_j over the slots of site j's sources, and route_forward applies
 // the norm in the same kernel (keeping h_j and lse_j for backward). hc: h_j
 // = hc_read of the streams X_j with w_j = softmax(alpha_j) (hc_prepare made the
-// weights of every site, as the CPU's hc_weights_forward): site 0 reads X_0 =
-// hc_expand(slot 0) here, straight from slot 0; each later site's read was fused
-// with the update before it (hc_update_read_forward in model_forward); then the norm.
+// weights of every site, as the CPU's hc_weights_forward), and its norm in the same
+// kernel (h_j not kept): site 0 reads X_0 = hc_expand(slot 0) here, straight from
+// slot 0; each later site's read and norm were fused with the update before it
+// (hc_update_read_norm_forward in model_forward).
 // Grouped (m->fwd_lead): a group's first site also writes the partials of
 // the group's other sites into route_fwdp, and each of those starts from its
 // own and reads only the sources after its leader's.
@@ -664,10 +667,10 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
         return u;
     }
     if (c->mode == RES_HC) {
-        floatX *hj = a->h + (size_t)j * N * C;
-        // hc_expand_forward + hc_read_forward of site 0: h_0 = sum_r w_0[r] slot 0 (the CPU's sum)
-        if (j == 0) { hc_update_read_forward(NULL, hj, SLOT(0), NULL, NULL, NULL, a->hc_w, N, c->C, c->n, 1); }
-        rmsnorm_forward(u, rstd, hj, w, N, c->C);
+        // hc_expand_forward + hc_read_forward of site 0, h_0 = sum_r w_0[r] slot 0 (the CPU's sum), and its norm
+        if (j == 0) {
+            hc_update_read_norm_forward(NULL, u, rstd, SLOT(0), NULL, NULL, NULL, a->hc_w, w, N, c->C, c->n, 1);
+        }
         return u;
     }
     if (c->mode == RES_DELTA) { delta_site_forward(m, j, N, w); return u; }
@@ -688,15 +691,15 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     return u;
 }
 
-// hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. The norm
-// u_j = rmsnorm(h_j; w) into g->hc_dh, then one fused pass (hc_read_update_backward)
-// over the streams for the CPU's hc_read_backward of site j and hc_update_backward
-// of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to
-// A_{j-1}^T dX_j in place, g->dout = do_{j-1} (the dout of sublayer j-1), and
-// dA_{j-1}, dbeta_{j-1}, dw_j += their sums; hc_weights_backward turns dw_j into
-// dalpha_j (the final read's w = 1/n is fixed). Site 0: hc_read_backward and
-// hc_expand_backward into g->dslots (dslot 0, which encoder_backward reads);
-// dalpha_0 is 0 (its streams are equal copies, hc.cuh).
+// hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. One fused pass
+// (hc_norm_read_update_backward) over the streams for the CPU's rmsnorm_backward and
+// hc_read_backward of site j (h_j recomputed from the streams X_j) and hc_update_backward
+// of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
+// place, g->dout = do_{j-1} (the dout of sublayer j-1), and the norm weight's dw, dA_{j-1},
+// dbeta_{j-1} += their sums, dalpha_j += the softmax's backward of dw_j (the CPU's
+// hc_weights_backward; the final read's w = 1/n is fixed). Site 0: the norm's backward,
+// hc_read_backward and hc_expand_backward into g->dslots (dslot 0, which encoder_backward
+// reads); dalpha_0 is 0 (its streams are equal copies, hc.cuh).
 void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
@@ -704,27 +707,21 @@ void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     ParamTensors<float> *dp = &m->grads;
     size_t C = c->C, n = (size_t)c->n, J2 = 2 * (size_t)c->L;
     int last = (size_t)j == J2;
-    const float *wj = a->hc_w + (size_t)j * n;
-    op_range("bwd hc: norm");
-    // u_j = rmsnorm(h_j; w): dh_j (set)
-    rmsnorm_backward_residual(g->hc_dh, NULL, dw, g->dln, a->h + (size_t)j * N * C, a->ln_rstd + (size_t)j * N, w, N,
-                              c->C, 0, g->partial);
-    op_range("bwd hc: read + update");
-    if (j == 0) {   // h_0 = hc_read(X_0), X_0 = hc_expand(slot 0): dslot 0 = sum_r dX_0,r
+    const float *wj = a->hc_w + (size_t)j * n, *rstd = a->ln_rstd + (size_t)j * N;
+    op_range("bwd hc: norm + read + update");
+    if (j == 0) {   // u_0 = rmsnorm(h_0; w), h_0 = hc_read(X_0), X_0 = hc_expand(slot 0): dslot 0 = sum_r dX_0,r
         zero(g->dslots, N * C * sizeof(float));
-        hc_read_update_backward(NULL, NULL, g->dslots, NULL, NULL, NULL, g->hc_partial, g->hc_dXp, g->hc_dh, NULL, wj,
-                                NULL, NULL, NULL, NULL, N, c->C, c->n);
+        hc_norm_read_update_backward(NULL, NULL, g->dslots, NULL, NULL, NULL, NULL, dw, g->hc_partial, g->hc_dXp,
+                                     g->dln, rstd, w, SLOT(0), wj, NULL, NULL, NULL, NULL, N, c->C, c->n, 1, 0);
         return;
     }
-    // h_j = sum_r w_j[r] X_j,r;  X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
-    if (!last) { zero(g->hc_dw, n * sizeof(float)); }
+    // u_j = rmsnorm(h_j; w), h_j = sum_r w_j[r] X_j,r (w_j = softmax(alpha_j));
+    // X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
     size_t jp = (size_t)j - 1;
-    hc_read_update_backward(g->hc_dXp, g->dout, NULL, last ? NULL : g->hc_dw, dp->hca + jp * n * n,
-                            dp->hcbeta + jp * n, g->hc_partial, last ? NULL : g->hc_dXp, g->hc_dh,
-                            last ? NULL : HCX(j), wj, j == 1 ? SLOT(0) : HCX(j - 1), SLOT(j),
-                            a->hc_A32 + jp * n * n, a->hc_beta32 + jp * n, N, c->C, c->n, j == 1);
-    // w_j = softmax(alpha_j)
-    if (!last) { hc_weights_backward(dp->hcalpha + (size_t)j * n, g->hc_dw, wj, c->n); }
+    hc_norm_read_update_backward(g->hc_dXp, g->dout, NULL, NULL, last ? NULL : dp->hcalpha + (size_t)j * n,
+                                 dp->hca + jp * n * n, dp->hcbeta + jp * n, dw, g->hc_partial,
+                                 last ? NULL : g->hc_dXp, g->dln, rstd, w, HCX(j), wj, j == 1 ? SLOT(0) : HCX(j - 1),
+                                 SLOT(j), a->hc_A32 + jp * n * n, a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
 }
 
 // Backward of a delta site (SPEC section 9, the steps in delta_site_forward's
@@ -863,13 +860,14 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         floatX *out = chain ? a->out : SLOT(j + 1);
         if (j % 2 == 0) { attention_sublayer_forward(m, (int)l, u, out, B, T); }
         else { mlp_sublayer_forward(m, (int)l, u, out, B, T); }
-        op_range(hc ? "fwd hc update + read" : "fwd residual + r");
-        if (hc) {   // hc_update_forward of sublayer j (o_j = slot j+1) and hc_read_forward of site j+1, fused:
-                    // X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r
+        op_range(hc ? "fwd hc update + read + norm" : "fwd residual + r");
+        if (hc) {   // hc_update_forward of sublayer j (o_j = slot j+1), hc_read_forward of site j+1 and its
+                    // norm, fused: X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r,
+                    // u_{j+1} = rmsnorm(h_{j+1}; w) with its rstd
             const size_t n = (size_t)c->n;
-            hc_update_read_forward(HCX(j + 1), a->h + (j + 1) * N * C, j == 0 ? SLOT(0) : HCX(j), SLOT(j + 1),
-                                   a->hc_A32 + j * n * n, a->hc_beta32 + j * n, a->hc_w + (j + 1) * n, N, c->C,
-                                   c->n, j == 0);
+            hc_update_read_norm_forward(HCX(j + 1), ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
+                                        SLOT(j + 1), a->hc_A32 + j * n * n, a->hc_beta32 + j * n,
+                                        a->hc_w + (j + 1) * n, site_norm_w(m, (int)j + 1), N, c->C, c->n, j == 0);
         } else if (delta) {   // x_{j+1} = x_j + out_j (its statistic into slot j+1's unused r row)
             residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
         } else if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it

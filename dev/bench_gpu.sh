@@ -15,13 +15,21 @@
 # nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
 #                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
-#                                   PROFILE=1 (0: skip the breakdown))
+#                                   PROFILE=1 (0: skip the breakdown)
+#                                   RUNS="std mhar8 block4 block8 hc4" (our runs to measure; std is
+#                                   always one, the others' ratios are against it)
+#                                   MAKE=1 (0: use TRAINER as it is when it exists, without make))
 # Dry run without a GPU: TRAINER=./train_mhar PRESET=test T=16 B=4 TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-15} B=${B:-16} T=${T:-2048} PRESET=${PRESET:-100m} TRAINER=${TRAINER:-./train_mhar_cu}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989} TORCH_DEVICE=${TORCH_DEVICE:-cuda} PYTHON=${PYTHON:-python3}
-make -s "${TRAINER#./}"
+RUNS=${RUNS:-"std mhar8 block4 block8 hc4"}
+for k in $RUNS; do
+    case $k in std|mhar8|block4|block8|hc4) ;; *) echo "error: RUNS names '$k'; use std mhar8 block4 block8 hc4" >&2; exit 1 ;; esac
+done
+case " $RUNS " in *" std "*) ;; *) echo "error: RUNS='$RUNS' lacks std, which the ratios divide by; add it" >&2; exit 1 ;; esac
+if [ "${MAKE:-1}" = 0 ] && [ -x "$TRAINER" ]; then :; else make -s "${TRAINER#./}"; fi
 mkdir -p data/bench
 [ -f data/bench/random_3m.bin ] || python3 dev/make_shard.py data/bench/random_3m.bin --tokens 3000000 --vocab 50257
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
@@ -68,15 +76,15 @@ theirs() {
                          print t, m}'
 }
 
-declare -A TPS MEM
+declare -A TPS MEM FLAGS
 got() { echo "measured $1: ${TPS[$1]} tokens/s, ${MEM[$1]} MiB"; }   # as each run ends
-read -r TPS[std] MEM[std] P < <(ours -r std); got std
-read -r TPS[mhar8] MEM[mhar8] _ < <(ours -r mhar -H 8); got mhar8
-read -r TPS[block4] MEM[block4] _ < <(ours -r mhar -H 8 -S 4); got block4
-read -r TPS[block8] MEM[block8] _ < <(ours -r mhar -H 8 -S 8); got block8
-read -r TPS[hc4] MEM[hc4] _ < <(ours -r hc -hc_n 4); got hc4
-TPS[torch_std]=0 MEM[torch_std]=0 TPS[torch_mhar8]=0 MEM[torch_mhar8]=0
-if [ "${TORCH:-1}" = 1 ]; then
+FLAGS[std]="-r std" FLAGS[mhar8]="-r mhar -H 8" FLAGS[block4]="-r mhar -H 8 -S 4" FLAGS[block8]="-r mhar -H 8 -S 8"
+FLAGS[hc4]="-r hc -hc_n 4"
+read -r TPS[std] MEM[std] P < <(ours ${FLAGS[std]}); got std
+for k in mhar8 block4 block8 hc4; do
+    case " $RUNS " in *" $k "*) read -r TPS[$k] MEM[$k] _ < <(ours ${FLAGS[$k]}); got $k ;; esac
+done
+if [ "${TORCH:-1}" = 1 ]; then   # (TORCH=0: no PyTorch rows)
     read -r TPS[torch_std] MEM[torch_std] < <(theirs --mode std); got torch_std
     read -r TPS[torch_mhar8] MEM[torch_mhar8] < <(theirs --mode mhar --H 8); got torch_mhar8
 fi
@@ -84,7 +92,9 @@ fi
 L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)
 C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
 {
-    for k in std mhar8 block4 block8 hc4 torch_std torch_mhar8; do echo "$k ${TPS[$k]} ${MEM[$k]}"; done
+    for k in std mhar8 block4 block8 hc4 torch_std torch_mhar8; do
+        if [ -n "${TPS[$k]:-}" ]; then echo "$k ${TPS[$k]} ${MEM[$k]}"; fi
+    done
 } | awk -v P="$P" -v L="$L" -v C="$C" -v T="$T" -v peak="$PEAK_TFLOPS" '
     { name[NR] = $1; tps[$1] = $2; mem[$1] = $3 }
     END {
@@ -96,17 +106,21 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
             printf "%-12s %12.0f %7.1f%% %12.2f %10.3f %s\n", k, tps[k], 100 * tps[k] * fpt / (peak * 1e12),
                    mem[k] / 1024, tps[k] / tps["std"], vt
         }
-        printf "\ntargets: std/torch_std %s (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
-               (tps["torch_std"] > 0 ? sprintf("%.3f", tps["std"] / tps["torch_std"]) : "-"), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
-               tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
-        printf "hc n=4 against our std: speed %.3f, memory %.3f\n", tps["hc4"] / tps["std"], (mem["std"] > 0 ? mem["hc4"] / mem["std"] : 0)
+        if (("mhar8" in tps) && ("block4" in tps) && ("block8" in tps))
+            printf "\ntargets: std/torch_std %s (>= 1.10), mhar8/std %.3f (>= 0.93), block4/std %.3f and block8/std %.3f (>= 0.97), mhar8 memory/std %.3f (<= 1.10)\n",
+                   (tps["torch_std"] > 0 ? sprintf("%.3f", tps["std"] / tps["torch_std"]) : "-"), tps["mhar8"] / tps["std"], tps["block4"] / tps["std"],
+                   tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
+        if ("hc4" in tps)
+            printf "hc n=4 against our std: speed %.3f (goal >= 0.90), memory %.3f (goal <= 1.30)\n", tps["hc4"] / tps["std"], (mem["std"] > 0 ? mem["hc4"] / mem["std"] : 0)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 
 # per-op breakdown of 4 steps (GPU time of each NVTX range: kernels/common.cuh's op_range)
 if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
     prof=$(mktemp -d)
-    for mode in "std" "mhar -H 8" "hc -hc_n 4"; do
+    for k in std mhar8 hc4; do
+        case " $RUNS " in *" $k "*) ;; *) continue ;; esac
+        mode=${FLAGS[$k]#-r }
         echo
         echo "per-op breakdown, our $mode (4 steps):"
         bash dev/nsys_ops.sh "$prof/ops" "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 \

@@ -1,33 +1,49 @@
-// Hyper-connections (SPEC section 8): the n residual streams of hc mode, on the GPU.
+// Hyper-connections (SPEC section 8): the n residual streams of hc mode, on the GPU, with the
+// pre-norm of each sublayer (u_j = rmsnorm(h_j; g_j)) fused in.
 //
-// The op, per position (N = B*T positions, width C, n streams; sublayer j):
+// The op, per position (N = B*T positions, width C, n streams; sublayer j, norm weight g = g_j):
 //   forward   X_{j+1,r} = sum_s A_j[r,s] X_{j,s} + beta_j[r] o_j      (the update of sublayer j)
 //             h_{j+1}   = sum_r w_{j+1}[r] X_{j+1,r}                   (the read of sublayer j+1)
-//   backward  dX_j      = dXp_j + w_j dh_j                             (the read of j; dXp_j = A_j^T dX_{j+1})
+//             u_{j+1}   = h_{j+1} s g, s = 1 / sqrt(mean(h_{j+1}^2) + 1e-6)  (its pre-norm; rstd = s)
+//   backward  dh_j      = s du_j g - s^3 / C (sum_c du_j g h_j) h_j        (the norm of j, given du_j)
+//             dX_j      = dXp_j + w_j dh_j                             (the read of j; dXp_j = A_j^T dX_{j+1})
 //             dXp_{j-1} = A_{j-1}^T dX_j,  do_{j-1} = beta_{j-1} . dX_j  (the update of j-1)
-//             dw_j += dh_j . X_j,  dA_{j-1} += dX_j X_{j-1}^T,  dbeta_{j-1} += dX_j . o_{j-1}  (sums over positions)
-// Shapes: streams X (N, n, C) floatX (a position's n streams adjacent); o, h (N, C) floatX;
-// stream gradients dXp (N, n, C) fp32 (an accumulator across sublayers, fp32 like std's dres);
-// dh (N, C) fp32 (from the pre-norm's backward); the sublayer's dout (N, C) floatX; A (n, n),
-// beta (n), w (n) fp32 on the device (hc_prepare makes them from the parameters once per forward).
-// The final read h_final = mean of the streams is the forward with w = 1/n; its backward is
-// the backward with dXp = NULL (zero) and w = 1/n. The first read (X_0 = n copies of the
-// embedding) needs no stream buffer: h_0 = wte[token]; the backward of sublayer 0's read,
-// with Xprev = NULL, adds sum_r dX_0 into the embedding's fp32 gradient instead of an update's.
+//             dg_j += du_j h_j s,  dw_j += dh_j . X_j,  dA_{j-1} += dX_j X_{j-1}^T,
+//             dbeta_{j-1} += dX_j . o_{j-1}                              (sums over positions)
+// Shapes: streams X (N, n, C) floatX (a position's n streams adjacent); o, u (N, C) floatX;
+// rstd (N) fp32 (std's layout: the trainer's ln_rstd row of the site); stream gradients dXp
+// (N, n, C) fp32 (an accumulator across sublayers, fp32 like std's dres); du (N, C) fp32 (the
+// sublayer's input gradient from its matmul backwards); the sublayer's dout (N, C) floatX;
+// A (n, n), beta (n), w (n) fp32 on the device (hc_prepare makes them from the parameters once
+// per forward); g (C) floatX, the norm weight, and its gradient dg (C) fp32.
+// h is never stored: the forward keeps it in registers between its sum of squares and u, and
+// the backward recomputes it, in the same fp32 order, from the streams X_j it reads anyway.
+// The final read h_final = mean of the streams is the forward with w = 1/n (its norm: lnfw);
+// its backward is the backward with dXp = NULL (zero) and w = 1/n. The first read (X_0 = n
+// copies of the embedding) needs no stream buffer: h_0 = sum_r w_0[r] wte[token], read from
+// the embedding row (xb = 1); the backward of sublayer 0's read, with Xprev = NULL, adds
+// sum_r dX_0 into the embedding's fp32 gradient instead of an update's.
 //
-// The kernel's idea: the update of sublayer j and the read of sublayer j+1 touch the same
-// n streams, so one pass does both (forward), and the read's backward of j and the update's
-// backward of j-1 likewise (backward). One warp per position, 16-byte packs of 8 channels per
-// lane, n a template parameter (1, 2, 4, 8) so the n x n mix stays in registers. Bytes per
-// position per sublayer (bf16 streams, n = 4, C = 512): forward reads X and o, writes X' and
-// h: (2n + 2) 2C = 10 KiB; backward reads dXp (4nC), dh (4C), X_j (2nC), X_{j-1} (2nC),
-// o_{j-1} (2C) and writes dXp (4nC) and dout (2C): (12n + 8) C = 28 KiB. The parameter
-// gradients are summed deterministically: positions are cut into fixed parts (hc_rows_per_part),
-// a block sums its part in a fixed order into a partial of n + n^2 + n floats, and
-// hc_reduce_kernel adds the partials in part order.
-// Lab: dev/cuda/hc.cu v2 (v1 there: one thread per element, unfused).
+// The kernel's idea: the update of sublayer j, the read of sublayer j+1 and its norm touch the
+// same n streams, so one pass does them all (forward), and the norm's and the read's backward
+// of j and the update's backward of j-1 likewise (backward). One warp per position; lane l
+// holds the 16-byte packs of 8 channels l, l + 32, ... (NPK of them, a template parameter:
+// 1, 2, 4 or 8, so C <= 2048), n a template parameter (1, 2, 4, 8) so the n x n mix stays in
+// registers. The row of h (and in the backward du g) stays in registers across the warp's sum
+// (the norm's mean square, or sum_c du g h). Bytes per position per sublayer (bf16 streams,
+// n = 4, C = 512): forward reads X and o, writes X' and u (and rstd): (2n + 2) 2C = 10 KiB;
+// backward reads dXp (4nC), du (4C), X_j (2nC), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp
+// (4nC) and dout (2C): (12n + 8) C = 28 KiB. The parameter gradients are summed
+// deterministically: positions are cut into fixed parts (hc_rows_per_part), a block sums its
+// part in a fixed order into a partial of n + n^2 + n floats (dw, dA, dbeta) and one of C
+// floats (dg, as std's norm backward), and one launch of hc_reduce_kernel adds the partials of
+// every column in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
+// dalpha (the softmax's backward).
+// Lab: dev/cuda/hc.cu v3 (v1 there: one thread per element, unfused; v2: the fused streams
+// with the norm outside, h stored).
 //
-// Include after: floatX, toF/fromF, warp_sum, ceil_div, launchCheck (the trainer's and the labs' helpers).
+// Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
+// the labs' helpers).
 #pragma once
 
 #define HC_MAX_N 8           // streams supported by the fused kernels (template cases 1, 2, 4, 8)
@@ -43,13 +59,26 @@ static inline int hc_rows_per_part(size_t N) {
 // 8 channels of floatX or float, as one or two 16-byte loads
 struct __align__(16) HcPackX { floatX x[8]; };
 struct __align__(16) HcPackF { float x[8]; };
+// 2 channels of floatX: the norm weight g is read in pairs (a parameter tensor starts at an even
+// element offset: config.h's sizes are multiples of C, a multiple of 8 here, or 2 L HD together)
+struct alignas(2 * sizeof(floatX)) HcPair { floatX x[2]; };
+__device__ inline void hc_load_g8(float gf[8], const floatX *g) {
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+        HcPair v = *reinterpret_cast<const HcPair *>(g + k);
+        gf[k] = toF(v.x[0]); gf[k + 1] = toF(v.x[1]);
+    }
+}
 
-// Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r (from the rounded Xn, so
-// the backward's recomputation agrees). o = NULL: no update, Xn = X is not written (the read alone).
-// xb = 1: X is (N, C), the n equal streams X_0 = wte[token] (never stored as n copies).
-template <int NS>
-__global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
-                                      const float *beta, const float *w, size_t N, int C, int xb) {
+// Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
+// Xn, in the order the backward recomputes it), then u = h s g (floatX) and rstd = s, s = 1 /
+// sqrt(mean(h^2) + 1e-6) as std's norm (rmsnorm.cuh). o = NULL: no update, Xn = X is not
+// written (the read and its norm alone). xb = 1: X is (N, C), the n equal streams X_0 =
+// wte[token] (never stored as n copies). Lane l: packs l + 32 q (q < NPK) of 8 channels.
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
+hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o, const float *A,
+                           const float *beta, const float *w, const floatX *g, size_t N, int C, int xb) {
     const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (p >= N) { return; }
@@ -61,8 +90,14 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
 #pragma unroll
         for (int s = 0; s < NS; s++) { a[r][s] = o ? A[r * NS + s] : (r == s ? 1.0f : 0.0f); }
     }
-    for (int c0 = lane * 8; c0 < C; c0 += 32 * 8) {
-        float x[NS][8], ov[8], hv[8];
+    float hv[NPK][8], ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { hv[q][k] = 0.0f; }
+        if (c0 >= C) { continue; }
+        float x[NS][8], ov[8];
 #pragma unroll
         for (int s = 0; s < NS; s++) {
             HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
@@ -75,9 +110,7 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
             for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
         }
 #pragma unroll
-        for (int k = 0; k < 8; k++) { hv[k] = 0.0f; }
-#pragma unroll
-        for (int r = 0; r < NS; r++) {
+        for (int r = 0; r < NS; r++) {   // X'_r = sum_s A[r,s] X_s + beta[r] o;  h += w[r] X'_r
             HcPackX y;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
@@ -88,34 +121,55 @@ __global__ void hc_update_read_kernel(floatX *Xn, floatX *h, const floatX *X, co
                     for (int s = 0; s < NS; s++) { v += a[r][s] * x[s][k]; }
                 }
                 y.x[k] = fromF<floatX>(v);
-                hv[k] += wr[r] * toF(y.x[k]);
+                hv[q][k] += wr[r] * toF(y.x[k]);
             }
             if (o) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
         }
-        HcPackX hp;
 #pragma unroll
-        for (int k = 0; k < 8; k++) { hp.x[k] = fromF<floatX>(hv[k]); }
-        *reinterpret_cast<HcPackX *>(h + p * C + c0) = hp;
+        for (int k = 0; k < 8; k++) { ss += hv[q][k] * hv[q][k]; }
+    }
+    ss = warp_sum(ss);   // u = rmsnorm(h; g)
+    const float s = 1.0f / sqrtf(ss / C + 1e-6f);
+    if (lane == 0) { rstd[p] = s; }
+#pragma unroll
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+        if (c0 >= C) { continue; }
+        float gf[8];
+        hc_load_g8(gf, g + c0);
+        HcPackX up;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { up.x[k] = fromF<floatX>(hv[q][k] * s * gf[k]); }
+        *reinterpret_cast<HcPackX *>(u + p * C + c0) = up;
     }
 }
 
-// Backward of the read of sublayer j and the update of sublayer j-1 (top of file). dXp (N, n, C)
-// fp32: in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
+// file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
+// A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// h_j = sum_r w[r] X_j,r is recomputed from X (xb = 1: X is (N, C), the n equal streams X_0).
 // Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
-// trainer's fp32 dslot 0 that encoder_backward reads); nothing else written.
-// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n).
-// X = NULL: sublayer 0's streams, all equal (its dw terms are then left 0: with equal streams
-// every dw[r] is the same, and the softmax's backward of equal dw is exactly 0).
+// trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
+// gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
+// over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
+// dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
+// s^3 / C sum_c du g h), both dot products from the first pass over the row.
 // xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
-template <int NS>
-__global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial,
-                                               const float *dXp_in,
-                                               const float *dh, const floatX *X, const float *w, const floatX *Xprev,
-                                               const floatX *o, const float *A, const float *beta, size_t N, int C,
-                                               int rows_per_part, int xpb) {
+// Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
+// c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
+hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
+                                    const float *dXp_in, const float *du, const float *rstd, const floatX *g,
+                                    const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                    const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                    int xpb) {
     constexpr int NP = 2 * NS + NS * NS;
+    extern __shared__ float hc_gsh[];   // (HC_WARPS, 256 NPK)
     __shared__ float red[HC_WARPS][NP];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
     float a[NS][NS], b[NS], wr[NS], acc[NP];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
@@ -126,30 +180,57 @@ __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, flo
     }
 #pragma unroll
     for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+#pragma unroll
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
     const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
     for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
-        float dw[NS], dA[NS][NS], db[NS];   // this position's terms, summed over the lane's channels
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
+        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
 #pragma unroll
-        for (int r = 0; r < NS; r++) {
-            dw[r] = 0.0f; db[r] = 0.0f;
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
 #pragma unroll
-            for (int s = 0; s < NS; s++) { dA[r][s] = 0.0f; }
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (c0 >= C) { continue; }
+            float x[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+                HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            float gf[8];
+            hc_load_g8(gf, g + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[k];
+                gwx += dug[q][k] * h[q][k];
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
         }
-        for (int c0 = lane * 8; c0 < C; c0 += 32 * 8) {
-            float g[8], d[NS][8];
-            HcPackF g0 = *reinterpret_cast<const HcPackF *>(dh + p * C + c0);
+        gwx = warp_sum(gwx);
+        const float k3 = s * s * s / C * gwx;
 #pragma unroll
-            for (int k = 0; k < 8; k++) { g[k] = g0.x[k]; }
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
 #pragma unroll
-            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh;  dw[r] += dh . X_j,r
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+            if (c0 >= C) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
                 HcPackF dv;
                 if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
 #pragma unroll
-                for (int k = 0; k < 8; k++) { d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * g[k]; }
-                if (X) {
-                    HcPackX xv = *reinterpret_cast<const HcPackX *>(X + (p * NS + r) * C + c0);
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { dw[r] += g[k] * toF(xv.x[k]); }
+                for (int k = 0; k < 8; k++) {
+                    d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
                 }
             }
             if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
@@ -169,57 +250,87 @@ __global__ void hc_read_update_backward_kernel(float *dXp_out, floatX *dout, flo
             for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
 #pragma unroll
             for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
-                float s = 0.0f;
+                float t = 0.0f;
 #pragma unroll
-                for (int r = 0; r < NS; r++) { s += b[r] * d[r][k]; db[r] += d[r][k] * ov[k]; }
-                op.x[k] = fromF<floatX>(s);
+                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(t);
             }
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
-            for (int s = 0; s < NS; s++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s) * C) + c0);
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
                 HcPackF out;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     float xs = toF(xv.x[k]), v = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < NS; r++) { v += a[r][s] * d[r][k]; dA[r][s] += d[r][k] * xs; }
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
                     out.x[k] = v;
                 }
-                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s) * C + c0) = out;
+                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out;
             }
         }
-        // this position's sums over the warp (fixed butterfly), added to the warp's running sums in order
-#pragma unroll
-        for (int r = 0; r < NS; r++) {
-            acc[r] += warp_sum(dw[r]);
-            acc[NS + NS * NS + r] += warp_sum(db[r]);
-#pragma unroll
-            for (int s = 0; s < NS; s++) { acc[NS + r * NS + s] += warp_sum(dA[r][s]); }
-        }
     }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
     if (lane == 0) {
 #pragma unroll
         for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < NP; i += blockDim.x) {   // the warps in order
-        float s = 0.0f;
-        for (int k = 0; k < HC_WARPS; k++) { s += red[k][i]; }
-        partial[(size_t)blockIdx.x * NP + i] = s;
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
     }
 }
 
-// grads[i] += sum over the P partials (P, NP) of column i, in partial order; one thread per column.
-// grads points at dw (n), then dA (n, n), then dbeta (n): three destinations, given separately.
-__global__ void hc_reduce_kernel(float *dw, float *dA, float *dbeta, const float *partial, int P, int n) {
-    const int NP = 2 * n + n * n, i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= NP) { return; }
-    float s = 0.0f;
-    for (int p = 0; p < P; p++) { s += partial[(size_t)p * NP + i]; }
-    if (i < n) { if (dw) { dw[i] += s; } }
-    else if (i < n + n * n) { if (dA) { dA[i - n] += s; } }
-    else if (dbeta) { dbeta[i - n - n * n] += s; }
+// The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
+// rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
+// NP + c of the norm's (P, C) after them. Block (32 columns) x (32 partial lanes): lane y sums
+// partials y, y + 32, ... in order, then the 32 lane sums are added in lane order. Column i
+// goes to dw[i] (i < n), dA[i - n] (i < n + n^2), dbeta, then dg (each += when not NULL).
+// Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's backward
+// dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
+// hc_weights_backward). Grid ceil((NP + C) / 32).
+__global__ void __launch_bounds__(1024) hc_reduce_kernel(float *dw, float *dA, float *dbeta, float *dg, float *dalpha,
+                                                         const float *w, const float *partial, int P, int n, int C) {
+    __shared__ float sh[32][33];
+    const int NP = 2 * n + n * n, i = blockIdx.x * 32 + threadIdx.x;
+    const float *col = NULL;
+    size_t stride = 0;
+    if (i < NP) { col = partial + i; stride = NP; }
+    else if (i < NP + C) { col = partial + (size_t)P * NP + (i - NP); stride = C; }
+    float t = 0.0f;
+    if (col) {
+        for (int p = threadIdx.y; p < P; p += 32) { t += col[(size_t)p * stride]; }
+    }
+    sh[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0) {
+        float sum = 0.0f;
+        for (int y = 0; y < 32; y++) { sum += sh[y][threadIdx.x]; }
+        sh[0][threadIdx.x] = sum;   // this column's total (row 0 is read by its own thread only above)
+        if (i < n) { if (dw) { dw[i] += sum; } }
+        else if (i < n + n * n) { if (dA) { dA[i - n] += sum; } }
+        else if (i < NP) { if (dbeta) { dbeta[i - n - n * n] += sum; } }
+        else if (i < NP + C) { if (dg) { dg[i - NP] += sum; } }
+    }
+    if (blockIdx.x == 0 && dalpha) {
+        __syncthreads();
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            float S = 0.0f;
+            for (int r = 0; r < n; r++) { S += w[r] * sh[0][r]; }
+            for (int r = 0; r < n; r++) { dalpha[r] += w[r] * (sh[0][r] - S); }
+        }
+    }
 }
 
 // Once per forward, from the model's parameters (floatX in the trainer, so any Tp): the fp32
@@ -242,14 +353,6 @@ __global__ void hc_prepare_kernel(float *w, float *A32, float *beta32, const Tp 
     for (int i = 0; i < n * n; i++) { A32[(size_t)j * n * n + i] = toF(A[(size_t)j * n * n + i]); }
 }
 
-// dalpha (n) += w (dw - sum_t w_t dw_t); one thread
-__global__ void hc_weights_backward_kernel(float *dalpha, const float *dw, const float *w, int n) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) { return; }
-    float S = 0.0f;
-    for (int t = 0; t < n; t++) { S += w[t] * dw[t]; }
-    for (int s = 0; s < n; s++) { dalpha[s] += w[s] * (dw[s] - S); }
-}
-
 // ---------------------------------------------------------------------------
 // Host launchers (device pointers; the default stream unless given). n must be 1, 2, 4 or 8
 // and C a multiple of 8 with 16-byte aligned rows (C % 8 == 0 gives that for cudaMalloc'd buffers).
@@ -262,45 +365,79 @@ template <typename F> static void hc_dispatch(int n, F f) {
     else { fprintf(stderr, "error: hc kernels take n = 1, 2, 4 or 8 streams, not %d\n", n); exit(1); }
 }
 
-// Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r.
-// o = NULL: the read alone (h = sum_r w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C),
-// standing for the n equal streams X_0 (j = 0).
-static void hc_update_read_forward(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
-                                   const float *beta, const float *w, size_t N, int C, int n, int xb = 0,
-                                   cudaStream_t st = 0) {
-    if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
+// Calls f(integral_constant NPK) with NPK = the 8-channel packs per lane, C / 256 rounded up to
+// 1, 2, 4 or 8; dies when C is not a multiple of 8 or is over 2048, or when the norm weight g
+// is not aligned for hc_load_g8.
+template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) {
+    if ((uintptr_t)g % (2 * sizeof(floatX)) != 0) {
+        fprintf(stderr, "error: hc kernels read the norm weight in pairs; it is not %d-byte aligned\n",
+                (int)(2 * sizeof(floatX)));
+        exit(1);
+    }
+    if (C % 8 != 0 || C < 8 || C > 2048) {
+        fprintf(stderr, "error: hc kernels need C a multiple of 8 from 8 to 2048, not %d\n", C);
+        exit(1);
+    }
+    const int q = (int)ceil_div(C, 256);
+    if (q == 1) { f(std::integral_constant<int, 1>()); }
+    else if (q == 2) { f(std::integral_constant<int, 2>()); }
+    else if (q <= 4) { f(std::integral_constant<int, 4>()); }
+    else { f(std::integral_constant<int, 8>()); }
+}
+
+// Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r,
+// u = rmsnorm(h; g) (N, C) and its rstd (N). o = NULL: the read and norm alone (h = sum_r
+// w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C), standing for the n equal streams
+// X_0 (j = 0).
+static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
+                                        const float *A, const float *beta, const float *w, const floatX *g, size_t N,
+                                        int C, int n, int xb = 0, cudaStream_t st = 0) {
     hc_dispatch(n, [&](auto ns) {
-        hc_update_read_kernel<decltype(ns)::value><<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(
-            Xn, h, X, o, A, beta, w, N, C, xb);
+        hc_pack_dispatch(C, g, [&](auto npk) {
+            hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value>
+                <<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+        });
     });
     launchCheck();
 }
 
-// floats of partial space hc_read_update_backward needs for N positions and n streams
-static size_t hc_partial_floats(size_t N, int n) {
-    return (size_t)ceil_div(N, hc_rows_per_part(N)) * (2 * n + n * n);
+// floats of partial space hc_norm_read_update_backward needs for N positions, n streams, width C:
+// (P, 2n + n^2) for dw, dA, dbeta, then (P, C) for the norm weight
+static size_t hc_partial_floats(size_t N, int n, int C) {
+    return (size_t)ceil_div(N, hc_rows_per_part(N)) * (2 * n + n * n + C);
 }
 
-// Backward of the read of sublayer j and the update of sublayer j-1 (top of file), then the
-// deterministic sums: dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n) += (any may be NULL: not kept).
+// Backward of the norm and read of sublayer j and the update of sublayer j-1 (top of file),
+// given du = dL/du_j and the forward's rstd, then the deterministic sums: dw_j (n), dA_{j-1}
+// (n, n), dbeta_{j-1} (n), dg_j (C) += (any may be NULL: not kept), and dalpha_j (n) += w
+// (dw_j - sum_t w_t dw_j,t), the softmax's backward of the sums of this call (NULL: none).
 // dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
-// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass X = NULL,
+// X: the streams X_j read by sublayer j (xb = 1: the embedding (N, C), X_0).
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass
 // dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
 // Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
-// X_0 (j = 1). partial: hc_partial_floats(N, n) floats of scratch.
-static void hc_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dA, float *dbeta,
-                                    float *partial,
-                                    const float *dXp_in, const float *dh, const floatX *X, const float *w,
-                                    const floatX *Xprev, const floatX *o, const float *A, const float *beta,
-                                    size_t N, int C, int n, int xpb = 0, cudaStream_t st = 0) {
-    if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
-    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows);
+// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch.
+static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha,
+                                         float *dA, float *dbeta, float *dg, float *partial, const float *dXp_in,
+                                         const float *du, const float *rstd, const floatX *g, const floatX *X,
+                                         const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                                         const float *beta, size_t N, int C, int n, int xb, int xpb,
+                                         cudaStream_t st = 0) {
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
-        hc_read_update_backward_kernel<decltype(ns)::value><<<P, 32 * HC_WARPS, 0, st>>>(
-            dXp_out, dout, dx0, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows, xpb);
+        hc_pack_dispatch(C, g, [&](auto npk) {
+            const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_kernel<decltype(ns)::value, decltype(npk)::value>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+        });
     });
     launchCheck();
-    hc_reduce_kernel<<<1, 128, 0, st>>>(dw, dA, dbeta, partial, P, n);
+    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
     launchCheck();
 }
 
@@ -309,10 +446,5 @@ template <typename Tp>
 static void hc_prepare(float *w, float *A32, float *beta32, const Tp *alpha, const Tp *A, const Tp *beta, int J2,
                        int n, cudaStream_t st = 0) {
     hc_prepare_kernel<Tp><<<ceil_div(J2 + 1, 32), 32, 0, st>>>(w, A32, beta32, alpha, A, beta, J2, n);
-    launchCheck();
-}
-// dalpha (n) += w (dw - sum_t w_t dw_t): the softmax's backward of one sublayer, given its dw (fp32)
-static void hc_weights_backward(float *dalpha, const float *dw, const float *w, int n, cudaStream_t st = 0) {
-    hc_weights_backward_kernel<<<1, 32, 0, st>>>(dalpha, dw, w, n);
     launchCheck();
 }

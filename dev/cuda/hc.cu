@@ -1,25 +1,33 @@
 /*
 dev/cuda/hc.cu: kernel lab for hyper-connections (SPEC section 8, hc mode): the n residual
-streams' update and read, forward and backward, at the boundary between two sublayers.
+streams' update and read, and (v3) the read's pre-norm, forward and backward, at the boundary
+between two sublayers.
 
 Build (from the repository root; or `make lab`):
     nvcc -O3 -arch=sm_90a -o dev/cuda/hc dev/cuda/hc.cu
 Run:
-    ./hc --cpu-selftest            the fp64 reference backward vs central differences; no GPU needed
+    ./hc --cpu-selftest            the fp64 references' backwards vs central differences, and v3's
+                                   fp32 emulation against the references; no GPU needed
     ./hc --bytes                   bytes per position per sublayer and a step's floors (100m); no GPU needed
+    ./hc --dxp-chain               what bf16 stream gradients would lose over 24 boundaries; no GPU needed
     ./hc --op OP --version N --check   version N of OP against the fp64 reference, twice
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
-  OP: fwd, bwd; without --op: both. Without --version: every version.
-  options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20)
+  OP: fwd, bwd; without --op: both. Without --version: every version (1..3).
+  options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
+           --quick (--check on the first two shapes only)
 
 The ops (kernels/hc.cuh gives the formulas): streams X (N, n, C) bf16, a position's n streams adjacent.
   fwd   X_j, o_j (N, C) bf16, A_j (n, n), beta_j (n), w_{j+1} (n):
-        X_{j+1} = A X + beta o (bf16), h_{j+1} = sum_r w[r] X_{j+1,r} (bf16).
-  bwd   dXp (N, n, C) fp32 = A_j^T dX_{j+1}, dh_j (N, C) fp32, X_j, w_j, X_{j-1}, o_{j-1}, A_{j-1}, beta_{j-1}:
+        X_{j+1} = A X + beta o (bf16), h_{j+1} = sum_r w[r] X_{j+1,r}: v1, v2 write h (bf16);
+        v3 also takes the norm weight g (C) and writes u = rmsnorm(h; g) (bf16) and rstd (N)
+        fp32 instead (h stays in registers).
+  bwd   dXp (N, n, C) fp32 = A_j^T dX_{j+1}, X_j, w_j, X_{j-1}, o_{j-1}, A_{j-1}, beta_{j-1}, and
+        v1, v2: dh_j (N, C) fp32; v3: du_j (N, C) fp32, rstd (N), g (C), with dh_j = the norm's
+        backward of du_j, h_j recomputed from X_j:
         dXp <- A_{j-1}^T dX_j with dX_j = dXp + w_j dh_j; dout_{j-1} = beta_{j-1} . dX_j (bf16);
-        dw_j, dA_{j-1}, dbeta_{j-1} += sums over positions (deterministic).
+        dw_j, dA_{j-1}, dbeta_{j-1} (v3: and dg_j, dalpha_j) += sums over positions (deterministic).
   100m: N = 16 * 2048 = 32768, C = 512, n = 4; 24 sublayer boundaries a step each way.
 
 Storage, decided here: the streams are bf16 (floatX), like the std trainer's slots (the residual
@@ -31,36 +39,71 @@ Versions:
   v1  one thread per (position, channel), unfused: fwd = an update kernel, then a read kernel
       (reading X_{j+1} back); bwd = an elementwise kernel writing dX_j (fp32, a temporary) and
       the new dXp and dout, then a parameter kernel (one block per part of positions, reading
-      dh, X_j, dX_j, X_{j-1}, o_{j-1} again) and the reduction.
-  v2  kernels/hc.cuh: one warp per position, 16-byte packs, the n x n mix in registers; the
-      update and the next read in one pass (fwd); the read's backward, the update's backward
-      and the parameter sums in one pass (bwd), then the reduction. --check of v2 also runs
-      the trainer's edge paths (check_edges: X_0 as the embedding alone, the final site, the
-      first sublayer). ptxas (sm_90a): n = 4 fwd 72 and bwd 128 registers, no spills; the bwd
-      at n = 8 uses 255 registers and spills 712 bytes (correct, slower; 100m runs n = 4).
+      dh, X_j, dX_j, X_{j-1}, o_{j-1} again) and the reduction (one thread per column, serial
+      over the partials: hc_reduce_v1_kernel).
+  v2  (the trainer's before v3; here with the names _v2) one warp per position, 16-byte packs,
+      the n x n mix in registers; the update and the next read in one pass (fwd); the read's
+      backward, the update's backward and the parameter sums in one pass (bwd), then v1's
+      reduction. The trainer ran std's norm kernels beside it: rmsnorm_forward of the stored
+      h, and rmsnorm_backward_residual into an fp32 dh (N, C), then v2's bwd read dh; then
+      a memset and a softmax-backward launch for dalpha. --check of v2 also runs the
+      trainer's edge paths (check_edges_v2: X_0 as the embedding alone, the final site, the
+      first sublayer).
+  v3  kernels/hc.cuh: v2 with the pre-norm fused into both kernels. fwd: h stays in registers
+      (NPK 16-byte packs per lane, a template parameter: C <= 2048), the warp sums h^2, and
+      u and rstd are written as std's norm computes them (rmsnorm.cuh: s = 1 / sqrtf(mean +
+      1e-6), u = h s g). bwd: a first pass over the row reads X_j and du, recomputes h in the
+      forward's fp32 order, and keeps h and du g in registers while the warp sums du g h
+      (k3 = s^3 / C of it); it also sums, per lane, du g . X_r and h . X_r, so that dw_r =
+      dh . X_r = s (du g . X_r) - k3 (h . X_r) needs no second read of X_j; the norm weight's
+      gradient du h s goes into a per-warp share in shared memory (lane-major: no bank
+      conflicts). The second pass is v2's body with dh = s du g - k3 h. Each lane sums its
+      parameter terms over the warp's positions (v2 summed the warp per position), then the
+      lanes, then the warps in order into the block's partials: (P, 2n + n^2) and (P, C).
+      One reduction launch (hc_reduce_kernel) sums every column with std's scheme (32
+      partial lanes, then lane order) and adds the softmax's backward into dalpha. A sublayer
+      boundary is then 1 kernel forward and 2 backward, against v2's trainer path of 2 and 6.
+      --check of v3 runs check_edges_v3 (the trainer's calls: sublayer 0's update from the
+      embedding, site 0's read and norm alone, the final site, xpb, site 0's backward).
+      ptxas (sm_90a, CUDA 13) at n = 4, C = 512 (NPK 2): fwd 73, bwd 128 registers, no spills
+      (v2 with the same compiler: fwd 80, bwd 148). n = 8 at C > 512 and n = 4 at C = 2048
+      spill in the bwd (correct, slower; 100m runs n = 4, C = 512).
 
-Bytes per position per sublayer (n = 4, C = 512), the floor of each op:
+Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
   bwd v2: reads dXp (4nC), dh (4C), X_j (2nC), X_{j-1} (2nC), o (2C), writes dXp (4nC), dout (2C):
           (12n + 8) C = 28 KiB
+  v2's trainer path adds std's norm kernels: fwd reads h, writes u (4C: 2 KiB), bwd reads du and
+          h, writes dh (10C: 5 KiB): 12 + 33 = 45 KiB.
+  v3: fwd reads X, o, writes X' and u (+ rstd): 10 KiB; bwd reads dXp, du (4C), X_j, X_{j-1}, o
+          (+ rstd), writes dXp, dout: 28 KiB. 38 KiB in all.
   std's residual path at the same places (dev/cuda/residual.cu v2): fwd 4 KiB (x, out, y, u; the
-  norm included), bwd 8 KiB. hc adds (fwd 10 + bwd 28) - (std's add 3 + 6, the norm stays) ~ 29 KiB
-  a position a sublayer: 24 x 32768 x 29 KiB = 23 GB a micro-step, ~5.8 ms at 4.0 TB/s.
+  norm included), bwd 8 KiB. Over std's: v2 path +33 KiB, v3 +26 KiB a position a sublayer:
+  24 x 32768 x 26 KiB = 21 GB a micro-step, 5.2 ms at 4.0 TB/s (v2 path 6.6 ms).
 
-Against the goals (memory at most 1.3x std, speed at least 0.90x std tokens/s at 100m), from
-the repository's std measurement (695K tokens/s, 12.0 GiB: a micro-step of 32768 positions in
-~47 ms). Predictions, not yet measured:
-  v2 as the trainer calls it (train_mhar.cu, -r hc: h_j stored, the pre-norm a separate pass
-     each way, rmsnorm_forward and rmsnorm_backward_residual as std's site 0; to measure with
-     dev/bench_gpu.sh's hc4 line): memory
-     +24 x 4 KiB streams + 25 x 1 KiB h rows + 8 KiB fp32 dXp = ~129 KiB a position, ~4.2 GB,
-     ~1.35x; time ~(38 + 12 for the separate norms - 12 std's fused path) KiB x 24 x 32768
-     = ~30 GB, 7.5 ms at the floor: ~0.84x.
-  v3 (next): the pre-norm fused into both kernels (fwd writes u and rstd instead of h; bwd takes
-     du, recomputes h = w . X_j from the streams it reads anyway, and sums the norm weight's
-     gradient in its partials): no h rows stored, ~1.28x; +26 KiB a position a sublayer,
-     ~5.1 ms at the floor: ~0.89x. With bf16 stream gradients dXp (if their accuracy holds,
-     to measure) bwd falls to 20 KiB: ~0.93x.
+Against the goals (memory at most 1.3x std, speed at least 0.90x std tokens/s at 100m, B = 16):
+NOTES_hc.md has the measurements: in one session std 700K tokens/s and 12.0 GiB, hc v2 585K and
+16.1 GiB (0.836x, 1.34x); dev/bench_gpu.sh's std 685K, 12.04 GiB. Predictions for v3, not yet
+measured:
+  memory: the h rows (25 sites x N x C bf16 = 0.78 GiB) and the fp32 dh (N x C, 64 MiB) leave;
+     the partials grow by P x C floats (2 MiB): 16.1 - 0.84 = ~15.3 GiB, ~1.27x std.
+  time: the v2 path's std-norm passes (fwd 2 KiB, bwd 5 KiB of the 45 a position), the h
+     write, and 4 of the 8 launches a boundary leave. v2's reduction is one thread per column
+     serial over P = 1024 partials (L2 latency bound: tens of microseconds a call, if the
+     loads pipeline 4 deep, ~1 ms a step); v3's is 32 lanes a column. The v2 trainer path
+     took 9.2 ms a step over std's in that session (56.0 - 46.8 ms; 8.2 ms against
+     bench_gpu.sh's 47.8 ms), 1.23x .. 1.39x its 6.6 ms byte floor. The same ratios on v3's
+     5.2 ms give +6.5 .. +7.3 ms: 0.865x .. 0.88x; with the reduction's saving as estimated,
+     0.88x .. 0.90x. So v3 reaches the memory goal and is at the edge of the speed goal or
+     below it; the device run decides.
+  bf16 stream gradients dXp would take the bwd to (8n + 8) C = 20 KiB (+18 KiB over std's,
+     3.6 ms at the floor: ~0.92x). Not done: dXp accumulates the gradient of every later
+     sublayer and would be rounded at each of the 24 boundaries. --dxp-chain measures it on
+     the host (24 boundaries, test_mhar's hc parameters, against the fp64 chain; seeds 1, 7,
+     99): the embedding's gradient is off by 8.6e-3 .. 9.5e-3 normwise with bf16 dXp (fp32:
+     3.0e-7 .. 4.8e-7), dA by up to 3.6e-3 .. 9.4e-3, i.e. 2 to 2.4 bf16 roundings (2^-8 =
+     3.9e-3) where fp32 dXp adds nothing measurable; std keeps its running dres in fp32 for
+     the same reason. The accuracy does not hold at fp32's level, so dXp stays fp32.
   Storing no streams at all is possible: A, beta, alpha do not depend on the input, so X_j is a
   fixed linear mix of the embedding and o_0 .. o_{j-1} (the slots the trainer keeps anyway), with
   n x (j+1) coefficients per sublayer; the read h_j is then a static AttnRes-like mix of all
@@ -70,13 +113,30 @@ Tolerances (rel = max|gpu - ref| / max|ref|; PASS needs every |gpu - ref| <= rto
 The reference computes in fp64 from the bf16 inputs:
   - X' (bf16): rtol 2^-7, atol 1e-6: A X + beta o in fp32 (n + 1 terms), rounded once; the
     reference rounds its fp64 sum too, and where the two sums straddle a rounding boundary they
-    land one bf16 ulp apart, up to 2^-7 of the value (the H200 run of 2026-12-02 failed a 2^-8
-    bound this way at C=512 n=4, v1 and v2 alike, with normwise errors of 1.2e-3 to 1.9e-3).
-  - h (bf16): rtol 2^-7 + atol 2^-8: h is summed from the rounded X' (each off by 2^-8) and rounded.
-    The reference rounds X' to bf16 too (as the kernel does), so this is h's own rounding plus fp32.
-  - dXp, dX (fp32): rtol 1e-5, atol 1e-6: fp32 sums of n + 1 terms.
+    land one bf16 ulp apart, up to 2^-7 of the value (NOTES_hc.md: the first H200 run failed a
+    2^-8 bound this way).
+  - h (bf16, v1 v2): rtol 2^-7 + atol 2^-8: h is summed from the rounded X' (each off by 2^-8) and
+    rounded. The reference rounds X' to bf16 too (as the kernel does), so this is h's own rounding
+    plus fp32.
+  - u (bf16, v3): rtol 2^-8, atol 1e-5, against the fp64 norm of h = sum_r w[r] X'_r of the
+    kernel's own X' (so an X' rounding that the X' check allows does not count again): before
+    its rounding u carries fp32 error only (h: n terms; the mean square: C terms of one sign,
+    within (C/32 + 5) 2^-24 relative; sqrtf and the division correctly rounded: u within ~2e-6
+    of itself relative, and h's cancellation within n 2^-24 max|X| absolute), and rounding to
+    bf16 moves it by at most 2^-8 of itself; 1e-5 of max|u| covers the fp32 part.
+  - rstd (fp32, v3): rtol 1e-5, atol 0: the same fp32 error, ~2e-6 relative.
+  - dXp, dX (fp32): rtol 1e-5, atol 1e-6: fp32 sums of n + 1 terms; v3's dh adds the norm
+    backward's fp32 error: s du g - k3 h per element, with k3 from a C-term sum of both signs
+    (within (C/32 + 5) 2^-24 sum|du g h|), a few 1e-7 of max|dh| at C = 512.
   - dout (bf16): rtol 2^-8, atol 1e-6.
   - dw, dA, dbeta (fp32 sums over N positions x C channels of both signs): rtol 1e-4, atol 1e-5.
+    v3's dw_r = s (du g . X_r) - k3 (h . X_r) has the error of v2's dh . X_r with dh's own
+    (each term within the same fp32 bound of s |du g X_r| + |k3 h X_r|).
+  - dg (v3, fp32 sums over N positions of du h s, both signs): rtol 1e-4, atol 1e-4 as std's dw
+    (residual.cu). dalpha (v3) = w (dw - sum_t w_t dw_t): rtol 1e-4, atol 1e-4 (dw's error, twice).
+  The self-test's fp32 emulation of v3 (host fp32 in the kernels' order, lane by lane, the warp
+  sums as warp_sum's butterfly) passes these at every check shape: normwise u 2.0e-3 .. 3.3e-3,
+  rstd <= 1.3e-7, dXp <= 1.4e-7, dout 2.0e-3 .. 3.2e-3 (--cpu-selftest prints them).
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -93,7 +153,229 @@ typedef __nv_bfloat16 floatX;
 
 
 #include "lab_util.cuh"
-#include "../../kernels/hc.cuh"   // v2
+#include "../../kernels/hc.cuh"   // v3
+
+// v1 and v2's reduction (kernels/hc.cuh before v3): grads[i] += sum over the P partials (P, NP) of
+// column i, in partial order; one thread per column.
+// grads points at dw (n), then dA (n, n), then dbeta (n): three destinations, given separately.
+__global__ void hc_reduce_v1_kernel(float *dw, float *dA, float *dbeta, const float *partial, int P, int n) {
+    const int NP = 2 * n + n * n, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= NP) { return; }
+    float s = 0.0f;
+    for (int p = 0; p < P; p++) { s += partial[(size_t)p * NP + i]; }
+    if (i < n) { if (dw) { dw[i] += s; } }
+    else if (i < n + n * n) { if (dA) { dA[i - n] += s; } }
+    else if (dbeta) { dbeta[i - n - n * n] += s; }
+}
+
+// ============================================================================
+// v2: the streams' update and read fused across the sublayer boundary, the norm outside
+// (kernels/hc.cuh before v3; bodies unchanged, the names with _v2)
+// ============================================================================
+
+// Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r (from the rounded Xn, so
+// the backward's recomputation agrees). o = NULL: no update, Xn = X is not written (the read alone).
+// xb = 1: X is (N, C), the n equal streams X_0 = wte[token] (never stored as n copies).
+template <int NS>
+__global__ void hc_update_read_v2_kernel(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
+                                      const float *beta, const float *w, size_t N, int C, int xb) {
+    const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (p >= N) { return; }
+    float a[NS][NS], b[NS], wr[NS];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = o ? beta[r] : 0.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = o ? A[r * NS + s] : (r == s ? 1.0f : 0.0f); }
+    }
+    for (int c0 = lane * 8; c0 < C; c0 += 32 * 8) {
+        float x[NS][8], ov[8], hv[8];
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { x[s][k] = toF(v.x[k]); }
+        }
+        if (o) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) { hv[k] = 0.0f; }
+#pragma unroll
+        for (int r = 0; r < NS; r++) {
+            HcPackX y;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float v = x[r][k];
+                if (o) {
+                    v = b[r] * ov[k];
+#pragma unroll
+                    for (int s = 0; s < NS; s++) { v += a[r][s] * x[s][k]; }
+                }
+                y.x[k] = fromF<floatX>(v);
+                hv[k] += wr[r] * toF(y.x[k]);
+            }
+            if (o) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
+        }
+        HcPackX hp;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { hp.x[k] = fromF<floatX>(hv[k]); }
+        *reinterpret_cast<HcPackX *>(h + p * C + c0) = hp;
+    }
+}
+
+// Backward of the read of sublayer j and the update of sublayer j-1 (top of file). dXp (N, n, C)
+// fp32: in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
+// trainer's fp32 dslot 0 that encoder_backward reads); nothing else written.
+// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n).
+// X = NULL: sublayer 0's streams, all equal (its dw terms are then left 0: with equal streams
+// every dw[r] is the same, and the softmax's backward of equal dw is exactly 0).
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
+template <int NS>
+__global__ void hc_read_update_backward_v2_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial,
+                                               const float *dXp_in,
+                                               const float *dh, const floatX *X, const float *w, const floatX *Xprev,
+                                               const floatX *o, const float *A, const float *beta, size_t N, int C,
+                                               int rows_per_part, int xpb) {
+    constexpr int NP = 2 * NS + NS * NS;
+    __shared__ float red[HC_WARPS][NP];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
+        float dw[NS], dA[NS][NS], db[NS];   // this position's terms, summed over the lane's channels
+#pragma unroll
+        for (int r = 0; r < NS; r++) {
+            dw[r] = 0.0f; db[r] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < NS; s++) { dA[r][s] = 0.0f; }
+        }
+        for (int c0 = lane * 8; c0 < C; c0 += 32 * 8) {
+            float g[8], d[NS][8];
+            HcPackF g0 = *reinterpret_cast<const HcPackF *>(dh + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { g[k] = g0.x[k]; }
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh;  dw[r] += dh . X_j,r
+                HcPackF dv;
+                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
+#pragma unroll
+                for (int k = 0; k < 8; k++) { d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * g[k]; }
+                if (X) {
+                    HcPackX xv = *reinterpret_cast<const HcPackX *>(X + (p * NS + r) * C + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { dw[r] += g[k] * toF(xv.x[k]); }
+                }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            HcPackX op;
+            float ov[8];
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float s = 0.0f;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { s += b[r] * d[r][k]; db[r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(s);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s = 0; s < NS; s++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s) * C) + c0);
+                HcPackF out;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s] * d[r][k]; dA[r][s] += d[r][k] * xs; }
+                    out.x[k] = v;
+                }
+                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s) * C + c0) = out;
+            }
+        }
+        // this position's sums over the warp (fixed butterfly), added to the warp's running sums in order
+#pragma unroll
+        for (int r = 0; r < NS; r++) {
+            acc[r] += warp_sum(dw[r]);
+            acc[NS + NS * NS + r] += warp_sum(db[r]);
+#pragma unroll
+            for (int s = 0; s < NS; s++) { acc[NS + r * NS + s] += warp_sum(dA[r][s]); }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {   // the warps in order
+        float s = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { s += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = s;
+    }
+}
+
+// Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r.
+// o = NULL: the read alone (h = sum_r w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C),
+// standing for the n equal streams X_0 (j = 0).
+static void hc_update_read_forward_v2(floatX *Xn, floatX *h, const floatX *X, const floatX *o, const float *A,
+                                   const float *beta, const float *w, size_t N, int C, int n, int xb = 0,
+                                   cudaStream_t st = 0) {
+    if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
+    hc_dispatch(n, [&](auto ns) {
+        hc_update_read_v2_kernel<decltype(ns)::value><<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(
+            Xn, h, X, o, A, beta, w, N, C, xb);
+    });
+    launchCheck();
+}
+
+// Backward of the read of sublayer j and the update of sublayer j-1 (top of file), then the
+// deterministic sums: dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n) += (any may be NULL: not kept).
+// dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass X = NULL,
+// dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
+// Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
+// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch.
+static void hc_read_update_backward_v2(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dA, float *dbeta,
+                                    float *partial,
+                                    const float *dXp_in, const float *dh, const floatX *X, const float *w,
+                                    const floatX *Xprev, const floatX *o, const float *A, const float *beta,
+                                    size_t N, int C, int n, int xpb = 0, cudaStream_t st = 0) {
+    if (C % 8 != 0) { fprintf(stderr, "error: hc kernels need C a multiple of 8, not %d\n", C); exit(1); }
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows);
+    hc_dispatch(n, [&](auto ns) {
+        hc_read_update_backward_v2_kernel<decltype(ns)::value><<<P, 32 * HC_WARPS, 0, st>>>(
+            dXp_out, dout, dx0, partial, dXp_in, dh, X, w, Xprev, o, A, beta, N, C, rows, xpb);
+    });
+    launchCheck();
+    hc_reduce_v1_kernel<<<1, 128, 0, st>>>(dw, dA, dbeta, partial, P, n);
+    launchCheck();
+}
+
 
 // ============================================================================
 // fp64 CPU reference (from the bf16 inputs as doubles)
@@ -150,6 +432,42 @@ static void ref_backward(const double *dXp, const double *dh, const double *X, c
                 }
                 dXp_new[(p * n + s) * C + c] = v;
             }
+        }
+    }
+}
+
+// v3's norm: u = h s g, s = 1 / sqrt(mean(h^2) + 1e-6) per position (rstd = s), as std's rmsnorm
+static void ref_norm(const double *h, const double *g, size_t N, int C, double *u, double *rstd) {
+    for (size_t p = 0; p < N; p++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) { ss += h[p * C + c] * h[p * C + c]; }
+        double s = 1.0 / sqrt(ss / C + 1e-6);
+        rstd[p] = s;
+        for (int c = 0; c < C; c++) { u[p * C + c] = h[p * C + c] * s * g[c]; }
+    }
+}
+
+// h = sum_r w[r] X_r (X (N, n, C))
+static void ref_read(const double *X, const double *w, size_t N, int C, int n, double *h) {
+    for (size_t p = 0; p < N; p++) {
+        for (int c = 0; c < C; c++) {
+            double v = 0;
+            for (int r = 0; r < n; r++) { v += w[r] * X[(p * n + r) * C + c]; }
+            h[p * C + c] = v;
+        }
+    }
+}
+
+// v3's norm backward, given du and the forward's s = rstd (kernels/rmsnorm.cuh's formula):
+// dh = s du g - s^3 / C (sum_c du g h) h;  dg += du h s
+static void ref_norm_backward(const double *du, const double *h, const double *rstd, const double *g, size_t N,
+                              int C, double *dh, double *dg) {
+    for (size_t p = 0; p < N; p++) {
+        double s = rstd[p], gwx = 0;
+        for (int c = 0; c < C; c++) { gwx += du[p * C + c] * g[c] * h[p * C + c]; }
+        for (int c = 0; c < C; c++) {
+            dh[p * C + c] = s * du[p * C + c] * g[c] - s * s * s / C * gwx * h[p * C + c];
+            dg[c] += du[p * C + c] * h[p * C + c] * s;
         }
     }
 }
@@ -236,12 +554,17 @@ __global__ void hc_params_v1_kernel(float *partial, const float *dX, const float
 
 static bool quick = false;
 struct Shape { size_t N; int C, n; };
-static const Shape check_shapes[] = {{37, 8, 1}, {129, 64, 2}, {300, 512, 4}, {1000, 512, 4}, {77, 256, 8}};
+// the last two reach v3's pack counts 4 (C = 776: three packs of a lane and a fourth for lane 0
+// only) and 8 (C = 2048, the widest the kernels take)
+static const Shape check_shapes[] = {{37, 8, 1},  {129, 64, 2}, {300, 512, 4}, {1000, 512, 4},
+                                     {77, 256, 8}, {50, 776, 2}, {40, 2048, 4}};
 static const Shape bench_shape = {16 * 2048, 512, 4};
 
-// host inputs (bf16 values kept as floats so both sides see the same numbers)
+// host inputs (bf16 values kept as floats so both sides see the same numbers). dh is v1/v2's
+// dL/dh and v3's du (dL/du); g the norm weight (v3), rstd (v3's backward) the fp64 rstd of
+// h = sum_r w[r] X_r rounded to fp32, as the forward would have stored it.
 struct Inputs {
-    std::vector<float> X, Xprev, o, dXp, dh, A, beta, w, Aprev, bprev;
+    std::vector<float> X, Xprev, o, dXp, dh, A, beta, w, Aprev, bprev, g, rstd;
 };
 static Inputs make_inputs(const Shape &s, uint64_t seed) {
     host_rng = seed;
@@ -268,6 +591,14 @@ static Inputs make_inputs(const Shape &s, uint64_t seed) {
         ws += in.w[r];
     }
     for (int r = 0; r < n; r++) { in.w[r] = (float)(in.w[r] / ws); }
+    in.g.resize(s.C);
+    for (auto &v : in.g) { v = bf(1 + 0.1 * host_normal()); }
+    std::vector<double> h(NC), u(NC), rs(s.N);
+    std::vector<double> X = std::vector<double>(in.X.begin(), in.X.end()), w(in.w.begin(), in.w.end()),
+                        g(in.g.begin(), in.g.end());
+    ref_read(X.data(), w.data(), s.N, s.C, n, h.data());
+    ref_norm(h.data(), g.data(), s.N, s.C, u.data(), rs.data());
+    in.rstd.assign(rs.begin(), rs.end());
     return in;
 }
 static std::vector<double> D(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
@@ -280,44 +611,50 @@ template <typename T> static T *upload(const std::vector<float> &v) {
     return d;
 }
 
-// device buffers of one shape
+// device buffers of one shape (v3: u and rstd out of fwd; g, rstd_in into bwd, dg out)
 struct Dev {
-    floatX *X, *Xprev, *o, *Xn, *h, *dout;
-    float *dXp, *dXtmp, *dh, *A, *beta, *w, *Aprev, *bprev, *dw, *dA, *dbeta, *partial;
+    floatX *X, *Xprev, *o, *Xn, *h, *dout, *u, *g;
+    float *dXp, *dXtmp, *dh, *A, *beta, *w, *Aprev, *bprev, *dw, *dA, *dbeta, *partial, *rstd, *rstd_in, *dg, *dalpha;
     int P, rows;
 };
 static Dev dev_make(const Shape &s, const Inputs &in) {
     Dev d;
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     d.X = upload<floatX>(in.X); d.Xprev = upload<floatX>(in.Xprev); d.o = upload<floatX>(in.o);
-    d.Xn = dalloc<floatX>(NS); d.h = dalloc<floatX>(NC); d.dout = dalloc<floatX>(NC);
+    d.Xn = dalloc<floatX>(NS); d.h = dalloc<floatX>(NC); d.dout = dalloc<floatX>(NC); d.u = dalloc<floatX>(NC);
     d.dXp = upload<float>(in.dXp); d.dXtmp = dalloc<float>(NS); d.dh = upload<float>(in.dh);
     d.A = upload<float>(in.A); d.beta = upload<float>(in.beta); d.w = upload<float>(in.w);
     d.Aprev = upload<float>(in.Aprev); d.bprev = upload<float>(in.bprev);
+    d.g = upload<floatX>(in.g); d.rstd_in = upload<float>(in.rstd);
+    d.rstd = dalloc<float>(s.N); d.dg = dalloc<float>(s.C);
     int n = s.n;
-    d.dw = dalloc<float>(n); d.dA = dalloc<float>(n * n); d.dbeta = dalloc<float>(n);
+    d.dw = dalloc<float>(n); d.dA = dalloc<float>(n * n); d.dbeta = dalloc<float>(n); d.dalpha = dalloc<float>(n);
     d.rows = hc_rows_per_part(s.N);
     d.P = (int)ceil_div(s.N, d.rows);
-    d.partial = dalloc<float>(hc_partial_floats(s.N, n));
+    d.partial = dalloc<float>(hc_partial_floats(s.N, n, s.C));
     return d;
 }
 static void dev_free(Dev &d) {
-    void *ps[] = {d.X, d.Xprev, d.o, d.Xn, d.h, d.dout, d.dXp, d.dXtmp, d.dh, d.A, d.beta, d.w, d.Aprev, d.bprev,
-                  d.dw, d.dA, d.dbeta, d.partial};
+    void *ps[] = {d.X, d.Xprev, d.o, d.Xn, d.h, d.dout, d.u, d.g, d.dXp, d.dXtmp, d.dh, d.A, d.beta, d.w, d.Aprev,
+                  d.bprev, d.dw, d.dA, d.dbeta, d.partial, d.rstd, d.rstd_in, d.dg, d.dalpha};
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
+// fwd of the update of j and the read of j+1 (v3: and its norm)
 static void run_fwd(int ver, const Shape &s, Dev &d) {
     if (ver == 1) {
         hc_update_v1_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.Xn, d.X, d.o, d.A, d.beta, s.N, s.C, s.n);
         launchCheck();
         hc_read_v1_kernel<<<ceil_div(s.N * s.C, 256), 256>>>(d.h, d.Xn, d.w, s.N, s.C, s.n);
         launchCheck();
+    } else if (ver == 2) {
+        hc_update_read_forward_v2(d.Xn, d.h, d.X, d.o, d.A, d.beta, d.w, s.N, s.C, s.n);
     } else {
-        hc_update_read_forward(d.Xn, d.h, d.X, d.o, d.A, d.beta, d.w, s.N, s.C, s.n);
+        hc_update_read_norm_forward(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
     }
 }
-// bwd of the read of j (w, X) and the update of j-1 (Aprev, bprev, Xprev, o); dXp in place
+// bwd of the read of j (w, X; v3: and its norm, du = d.dh, rstd_in, g) and the update of j-1
+// (Aprev, bprev, Xprev, o); dXp in place
 static void run_bwd(int ver, const Shape &s, Dev &d) {
     if (ver == 1) {
         hc_backward_v1_kernel<<<ceil_div(s.N * s.C, 256), 256>>>(d.dXtmp, d.dXp, d.dout, d.dh, d.w, d.Aprev, d.bprev,
@@ -327,12 +664,52 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_params_v1_kernel<<<d.P, 64, 64 * NP * sizeof(float)>>>(d.partial, d.dXtmp, d.dh, d.X, d.Xprev, d.o, s.N,
                                                                   s.C, s.n, d.rows);
         launchCheck();
-        hc_reduce_kernel<<<1, 128>>>(d.dw, d.dA, d.dbeta, d.partial, d.P, s.n);
+        hc_reduce_v1_kernel<<<1, 128>>>(d.dw, d.dA, d.dbeta, d.partial, d.P, s.n);
         launchCheck();
+    } else if (ver == 2) {
+        hc_read_update_backward_v2(d.dXp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w,
+                                   d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n);
     } else {
-        hc_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w, d.Xprev,
-                                d.o, d.Aprev, d.bprev, s.N, s.C, s.n);
+        hc_norm_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
+                                     d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
     }
+}
+
+// v3 fwd's u and rstd against the fp64 norm of h = sum_r w[r] Xn_r, Xn the kernel's own output
+// (so a rounding of Xn that lands one ulp from the reference's, which the Xn check allows, does
+// not count twice); the tolerances are the header's
+static bool check_norm_fwd(const char *tag, const std::vector<double> &Xn, const std::vector<float> &w,
+                           const std::vector<float> &g, const std::vector<unsigned char> &u,
+                           const std::vector<unsigned char> &rstd, size_t N, int C, int n) {
+    std::vector<double> h(N * C), ur(N * C), rr(N);
+    ref_read(Xn.data(), D(w).data(), N, C, n, h.data());
+    ref_norm(h.data(), D(g).data(), N, C, ur.data(), rr.data());
+    char nu[64], nr[64];
+    snprintf(nu, sizeof(nu), "%su", tag); snprintf(nr, sizeof(nr), "%srstd", tag);
+    bool ok = compare(nu, bytes_bf16_to_f(u), ur, 1.0 / 256, 1e-5);
+    ok &= compare(nr, bytes_f32(rstd), rr, 1e-5, 0);
+    return ok;
+}
+
+// dalpha = w (dw - sum_t w_t dw_t), the softmax's backward (v3's reduction adds it)
+static std::vector<double> ref_softmax_backward(const std::vector<double> &dw, const std::vector<float> &w) {
+    double S = 0;
+    for (size_t t = 0; t < dw.size(); t++) { S += w[t] * dw[t]; }
+    std::vector<double> da(dw.size());
+    for (size_t r = 0; r < dw.size(); r++) { da[r] = w[r] * (dw[r] - S); }
+    return da;
+}
+
+// the v3 backward's reference: the norm's backward (dh, dg), then the v2 reference with that dh
+static void ref_backward3(const Inputs &in, const std::vector<double> &dXp, const std::vector<double> &X,
+                          const std::vector<double> &Xprev, const Shape &s, double *dXn, double *dout, double *dw,
+                          double *dA, double *db, double *dg) {
+    size_t NC = s.N * s.C;
+    std::vector<double> h(NC), dh(NC);
+    ref_read(X.data(), D(in.w).data(), s.N, s.C, s.n, h.data());
+    ref_norm_backward(D(in.dh).data(), h.data(), D(in.rstd).data(), D(in.g).data(), s.N, s.C, dh.data(), dg);
+    ref_backward(dXp.data(), dh.data(), X.data(), D(in.w).data(), Xprev.data(), D(in.o).data(), D(in.Aprev).data(),
+                 D(in.bprev).data(), s.N, s.C, s.n, dXn, dout, dw, dA, db);
 }
 
 static bool check_op(bool fwd, int ver, uint64_t seed) {
@@ -343,19 +720,23 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         Inputs in = make_inputs(s, seed + si);
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
-        std::vector<unsigned char> first[5];
+        std::vector<unsigned char> first[7];
         for (int rep = 0; rep < 2; rep++) {
             Dev d = dev_make(s, in);
-            zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4);
+            zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
+            zero(d.dalpha, s.n * 4);
             if (fwd) { run_fwd(ver, s, d); } else { run_bwd(ver, s, d); }
             cudaCheck(cudaDeviceSynchronize());
-            std::vector<unsigned char> out[5];
+            std::vector<unsigned char> out[7];
             if (fwd) {
-                out[0] = fetch_bytes(d.Xn, NS * 2); out[1] = fetch_bytes(d.h, NC * 2);
+                out[0] = fetch_bytes(d.Xn, NS * 2);
+                if (ver < 3) { out[1] = fetch_bytes(d.h, NC * 2); }
+                else { out[1] = fetch_bytes(d.u, NC * 2); out[2] = fetch_bytes(d.rstd, s.N * 4); }
             } else {
                 out[0] = fetch_bytes(d.dXp, NS * 4); out[1] = fetch_bytes(d.dout, NC * 2);
                 out[2] = fetch_bytes(d.dw, s.n * 4); out[3] = fetch_bytes(d.dA, s.n * s.n * 4);
                 out[4] = fetch_bytes(d.dbeta, s.n * 4);
+                if (ver == 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
             }
             if (rep == 0) {
                 if (fwd) {
@@ -363,17 +744,33 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                     ref_forward(D(in.X).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(),
                                 s.N, s.C, s.n, true, Xn.data(), h.data());
                     ok &= compare("Xn", bytes_bf16_to_f(out[0]), Xn, 1.0 / 128, 1e-6);
-                    ok &= compare("h", bytes_bf16_to_f(out[1]), h, 1.0 / 128, 1.0 / 256);
+                    if (ver < 3) {
+                        ok &= compare("h", bytes_bf16_to_f(out[1]), h, 1.0 / 128, 1.0 / 256);
+                    } else {
+                        std::vector<float> xg = bytes_bf16_to_f(out[0]);
+                        ok &= check_norm_fwd("", D(xg), in.w, in.g, out[1], out[2], s.N, s.C, s.n);
+                    }
                 } else {
-                    std::vector<double> dXn(NS), dout(NC), dw(s.n, 0.0), dA(s.n * s.n, 0.0), db(s.n, 0.0);
-                    ref_backward(D(in.dXp).data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(),
-                                 D(in.Xprev).data(), D(in.o).data(), D(in.Aprev).data(), D(in.bprev).data(), s.N, s.C,
-                                 s.n, dXn.data(), dout.data(), dw.data(), dA.data(), db.data());
+                    std::vector<double> dXn(NS), dout(NC), dw(s.n, 0.0), dA(s.n * s.n, 0.0), db(s.n, 0.0),
+                        dg(s.C, 0.0);
+                    if (ver < 3) {
+                        ref_backward(D(in.dXp).data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(),
+                                     D(in.Xprev).data(), D(in.o).data(), D(in.Aprev).data(), D(in.bprev).data(), s.N,
+                                     s.C, s.n, dXn.data(), dout.data(), dw.data(), dA.data(), db.data());
+                    } else {
+                        ref_backward3(in, D(in.dXp), D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(),
+                                      dA.data(), db.data(), dg.data());
+                    }
                     ok &= compare("dXp", bytes_f32(out[0]), dXn, 1e-5, 1e-6);
                     ok &= compare("dout", bytes_bf16_to_f(out[1]), dout, 1.0 / 256, 1e-6);
                     ok &= compare("dw", bytes_f32(out[2]), dw, 1e-4, 1e-5);
                     ok &= compare("dA", bytes_f32(out[3]), dA, 1e-4, 1e-5);
                     ok &= compare("dbeta", bytes_f32(out[4]), db, 1e-4, 1e-5);
+                    if (ver == 3) {
+                        ok &= compare("dg", bytes_f32(out[5]), dg, 1e-4, 1e-4);
+                        std::vector<double> da = ref_softmax_backward(dw, in.w);
+                        ok &= compare("dalpha", bytes_f32(out[6]), da, 1e-4, 1e-4);
+                    }
                 }
             }
             dev_free(d);
@@ -383,24 +780,32 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
     return ok;
 }
 
-// v2's trainer paths beside the op above (kernels/hc.cuh): the forward of sublayer 0's update
-// from the embedding alone (xb: the n equal streams X_0 never stored), the final site's backward
-// (dXp_in = NULL), the update of sublayer 0 in the backward (xpb: Xprev = the embedding), and
-// sublayer 0's read backward (Xprev = X = NULL: dx0 += sum_r dX_0, the embedding's fp32 gradient).
-static bool check_edges(uint64_t seed) {
-    bool ok = true;
-    const Shape s = {300, 512, 4};
-    Inputs in = make_inputs(s, seed + 99);
+// X_0 (the n equal streams of the embedding) of the inputs: x0 = stream 0 of X as one (N, C)
+// row, X0 = x0 copied into every stream
+static void embedding_streams(const Shape &s, const Inputs &in, std::vector<float> &x0, std::vector<float> &X0) {
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
-    // X_0: stream 0 of X copied into every stream (host), and as one (N, C) row (device)
-    std::vector<float> x0(NC), X0(NS);
+    x0.resize(NC); X0.resize(NS);
     for (size_t p = 0; p < s.N; p++) {
         for (int c = 0; c < s.C; c++) {
             x0[p * s.C + c] = in.X[(p * n) * s.C + c];
             for (int r = 0; r < n; r++) { X0[(p * n + r) * s.C + c] = x0[p * s.C + c]; }
         }
     }
+}
+
+// v2's trainer paths beside the op above (v2's launchers): the forward of sublayer 0's update
+// from the embedding alone (xb: the n equal streams X_0 never stored), the final site's backward
+// (dXp_in = NULL), the update of sublayer 0 in the backward (xpb: Xprev = the embedding), and
+// sublayer 0's read backward (Xprev = X = NULL: dx0 += sum_r dX_0, the embedding's fp32 gradient).
+static bool check_edges_v2(uint64_t seed) {
+    bool ok = true;
+    const Shape s = {300, 512, 4};
+    Inputs in = make_inputs(s, seed + 99);
+    size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
+    int n = s.n;
+    std::vector<float> x0, X0;
+    embedding_streams(s, in, x0, X0);
     Dev d = dev_make(s, in);
     floatX *dx0 = upload<floatX>(x0);
     std::vector<double> Xn(NS), h(NC), dXn(NS), dout(NC), dw(n), dA(n * n), db(n);
@@ -409,7 +814,7 @@ static bool check_edges(uint64_t seed) {
                          std::fill(db.begin(), db.end(), 0.0); };
     printf("edges v2 N=%zu C=%d n=%d:", s.N, s.C, n);
     // 1. forward from the embedding (xb = 1)
-    hc_update_read_forward(d.Xn, d.h, dx0, d.o, d.A, d.beta, d.w, s.N, s.C, n, 1);
+    hc_update_read_forward_v2(d.Xn, d.h, dx0, d.o, d.A, d.beta, d.w, s.N, s.C, n, 1);
     ref_forward(D(X0).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, s.C, n, true,
                 Xn.data(), h.data());
     ok &= compare("xb:Xn", bytes_bf16_to_f(fetch_bytes(d.Xn, NS * 2)), Xn, 1.0 / 128, 1e-6);
@@ -417,8 +822,8 @@ static bool check_edges(uint64_t seed) {
     // 2. the final site: dXp_in = NULL (zero)
     std::vector<double> zeros(NS, 0.0);
     zero_grads(); clear();
-    hc_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, NULL, d.dh, d.X, d.w, d.Xprev,
-                            d.o, d.Aprev, d.bprev, s.N, s.C, n);
+    hc_read_update_backward_v2(d.dXtmp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, NULL, d.dh, d.X, d.w, d.Xprev,
+                               d.o, d.Aprev, d.bprev, s.N, s.C, n);
     ref_backward(zeros.data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(), D(in.Xprev).data(), D(in.o).data(),
                  D(in.Aprev).data(), D(in.bprev).data(), s.N, s.C, n, dXn.data(), dout.data(), dw.data(), dA.data(),
                  db.data());
@@ -426,8 +831,8 @@ static bool check_edges(uint64_t seed) {
     ok &= compare("final:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
     // 3. the update of sublayer 0 (xpb = 1: Xprev = the embedding)
     zero_grads(); clear();
-    hc_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w, dx0,
-                            d.o, d.Aprev, d.bprev, s.N, s.C, n, 1);
+    hc_read_update_backward_v2(d.dXtmp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w, dx0,
+                               d.o, d.Aprev, d.bprev, s.N, s.C, n, 1);
     ref_backward(D(in.dXp).data(), D(in.dh).data(), D(in.X).data(), D(in.w).data(), D(X0).data(), D(in.o).data(),
                  D(in.Aprev).data(), D(in.bprev).data(), s.N, s.C, n, dXn.data(), dout.data(), dw.data(), dA.data(),
                  db.data());
@@ -435,8 +840,8 @@ static bool check_edges(uint64_t seed) {
     ok &= compare("xpb:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
     // 4. sublayer 0's read: dx0 += sum_r (dXp_r + w[r] dh), onto dx0 = dh (any start value)
     cudaCheck(cudaMemcpy(d.dXtmp, d.dh, NC * 4, cudaMemcpyDeviceToDevice));
-    hc_read_update_backward(NULL, NULL, d.dXtmp, NULL, NULL, NULL, d.partial, d.dXp, d.dh, NULL, d.w, NULL, NULL, NULL,
-                            NULL, s.N, s.C, n);
+    hc_read_update_backward_v2(NULL, NULL, d.dXtmp, NULL, NULL, NULL, d.partial, d.dXp, d.dh, NULL, d.w, NULL, NULL,
+                               NULL, NULL, s.N, s.C, n);
     for (size_t p = 0; p < s.N; p++) {
         for (int c = 0; c < s.C; c++) {
             double v = in.dh[p * s.C + c];
@@ -451,8 +856,87 @@ static bool check_edges(uint64_t seed) {
     return ok;
 }
 
-static double fwd_bytes(const Shape &s) { return (4.0 * s.n + 4) * s.C * s.N; }
-static double bwd_bytes(const Shape &s) { return (12.0 * s.n + 8) * s.C * s.N; }
+// v3's trainer paths (kernels/hc.cuh, as train_mhar.cu calls them): the forward of sublayer 0's
+// update from the embedding (xb), site 0's read and norm alone (o = NULL, xb: site_forward),
+// the final site's backward (dXp_in = NULL), the update of sublayer 0 in the backward (xpb:
+// Xprev = the embedding), and site 0's norm and read backward (X = the embedding with xb,
+// Xprev = NULL: dx0 += sum_r dX_0, the embedding's fp32 gradient, and dg). The tolerances are
+// check_op's.
+static bool check_edges_v3(uint64_t seed) {
+    bool ok = true;
+    const Shape s = {300, 512, 4};
+    Inputs in = make_inputs(s, seed + 99);
+    size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
+    int n = s.n;
+    std::vector<float> x0, X0;
+    embedding_streams(s, in, x0, X0);
+    Dev d = dev_make(s, in);
+    floatX *dx0 = upload<floatX>(x0);
+    std::vector<double> Xn(NS), h(NC), dXn(NS), dout(NC), dw(n), dA(n * n), db(n), dg(s.C);
+    auto zero_grads = [&]() { zero(d.dw, n * 4); zero(d.dA, n * n * 4); zero(d.dbeta, n * 4); zero(d.dg, s.C * 4); };
+    auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
+                         std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
+    printf("edges v3 N=%zu C=%d n=%d:", s.N, s.C, n);
+    // 1. sublayer 0's update from the embedding (xb = 1), site 1's read and norm
+    hc_update_read_norm_forward(d.Xn, d.u, d.rstd, dx0, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, n, 1);
+    ref_forward(D(X0).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, s.C, n, true,
+                Xn.data(), h.data());
+    std::vector<float> xg = bytes_bf16_to_f(fetch_bytes(d.Xn, NS * 2));
+    ok &= compare("xb:Xn", xg, Xn, 1.0 / 128, 1e-6);
+    ok &= check_norm_fwd("xb:", D(xg), in.w, in.g, fetch_bytes(d.u, NC * 2), fetch_bytes(d.rstd, s.N * 4), s.N,
+                         s.C, n);
+    // 2. site 0: the read of X_0 and its norm alone (o = NULL, xb = 1)
+    hc_update_read_norm_forward(NULL, d.u, d.rstd, dx0, NULL, NULL, NULL, d.w, d.g, s.N, s.C, n, 1);
+    ok &= check_norm_fwd("read0:", D(X0), in.w, in.g, fetch_bytes(d.u, NC * 2), fetch_bytes(d.rstd, s.N * 4), s.N,
+                         s.C, n);
+    // 3. the final site: dXp_in = NULL (zero)
+    std::vector<double> zeros(NS, 0.0);
+    zero_grads(); clear();
+    hc_norm_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, NULL, d.dh,
+                                 d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, n, 0, 0);
+    ref_backward3(in, zeros, D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
+                  dg.data());
+    ok &= compare("final:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("final:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
+    ok &= compare("final:dg", bytes_f32(fetch_bytes(d.dg, s.C * 4)), dg, 1e-4, 1e-4);
+    // 4. the update of sublayer 0 (xpb = 1: Xprev = the embedding)
+    zero_grads(); clear();
+    hc_norm_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
+                                 d.rstd_in, d.g, d.X, d.w, dx0, d.o, d.Aprev, d.bprev, s.N, s.C, n, 0, 1);
+    ref_backward3(in, D(in.dXp), D(in.X), D(X0), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
+                  dg.data());
+    ok &= compare("xpb:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("xpb:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
+    // 5. site 0's norm and read (X = the embedding, xb = 1; Xprev = NULL): dx0 += sum_r (dXp_r +
+    // w[r] dh), onto dx0 = du (any start value); dg; rstd_in is then the embedding read's
+    std::vector<double> hx(NC), ux(NC), rx(s.N), dh(NC);
+    ref_read(D(X0).data(), D(in.w).data(), s.N, s.C, n, hx.data());
+    ref_norm(hx.data(), D(in.g).data(), s.N, s.C, ux.data(), rx.data());
+    std::vector<float> rxf(rx.begin(), rx.end());
+    float *rstd0 = upload<float>(rxf);
+    zero_grads(); clear();
+    cudaCheck(cudaMemcpy(d.dXtmp, d.dh, NC * 4, cudaMemcpyDeviceToDevice));
+    hc_norm_read_update_backward(NULL, NULL, d.dXtmp, NULL, NULL, NULL, NULL, d.dg, d.partial, d.dXp, d.dh, rstd0,
+                                 d.g, dx0, d.w, NULL, NULL, NULL, NULL, s.N, s.C, n, 1, 0);
+    ref_norm_backward(D(in.dh).data(), hx.data(), D(rxf).data(), D(in.g).data(), s.N, s.C, dh.data(), dg.data());
+    for (size_t p = 0; p < s.N; p++) {
+        for (int c = 0; c < s.C; c++) {
+            double v = in.dh[p * s.C + c];
+            for (int r = 0; r < n; r++) { v += in.dXp[(p * n + r) * s.C + c] + (double)in.w[r] * dh[p * s.C + c]; }
+            dout[p * s.C + c] = v;
+        }
+    }
+    ok &= compare("first:dx0", bytes_f32(fetch_bytes(d.dXtmp, NC * 4)), dout, 1e-5, 1e-6);
+    ok &= compare("first:dg", bytes_f32(fetch_bytes(d.dg, s.C * 4)), dg, 1e-4, 1e-4);
+    printf("\n");
+    cudaCheck(cudaFree(dx0)); cudaCheck(cudaFree(rstd0));
+    dev_free(d);
+    return ok;
+}
+
+// the op's minimum bytes (top of file); v3 adds the rstd row (4 B a position) each way
+static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver == 3 ? 4 : 0)) * s.N; }
+static double bwd_bytes(const Shape &s, int ver) { return ((12.0 * s.n + 8) * s.C + (ver == 3 ? 4 : 0)) * s.N; }
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
@@ -460,7 +944,7 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     Dev d = dev_make(s, in);
     float mn;
     float ms = time_median(reps, [&]() { if (fwd) { run_fwd(ver, s, d); } else { run_bwd(ver, s, d); } }, &mn);
-    double bytes = fwd ? fwd_bytes(s) : bwd_bytes(s);
+    double bytes = fwd ? fwd_bytes(s, ver) : bwd_bytes(s, ver);
     printf("%s v%d N=%zu C=%d n=%d: %.3f ms (min %.3f), %.0f GB/s; floor %.3f ms at 4.0 TB/s, %.3f at %.0f GB/s;"
            " x24 a step: %.2f ms\n", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n, ms, mn, bytes / (ms * 1e-3) / 1e9,
            bytes / 4.0e12 * 1e3, bytes / (gbs * 1e9) * 1e3, gbs, 24 * ms);
@@ -469,12 +953,195 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
 
 static void print_bytes(void) {
     const Shape &s = bench_shape;
-    printf("100m (N=%zu C=%d n=%d), bytes per position per sublayer: fwd %.1f KiB, bwd %.1f KiB\n", s.N, s.C, s.n,
-           fwd_bytes(s) / s.N / 1024, bwd_bytes(s) / s.N / 1024);
-    printf("a micro-step (24 boundaries each way): %.2f GB, floor %.2f ms at 4.0 TB/s\n",
-           24 * (fwd_bytes(s) + bwd_bytes(s)) / 1e9, 24 * (fwd_bytes(s) + bwd_bytes(s)) / 4.0e12 * 1e3);
-    printf("streams kept for the backward: %d B per position per sublayer (bf16), %.2f GB for 25 boundaries\n",
-           2 * s.n * s.C, 25.0 * s.N * s.n * s.C * 2 / 1e9);
+    const double K = 1024.0 * s.N, C = s.C;
+    // the trainer's path per sublayer: v2 with std's norm kernels beside it (rmsnorm_forward reads h,
+    // writes u: 4C; rmsnorm_backward_residual reads du and h, writes dh: 10C), or v3 alone
+    const double f2 = fwd_bytes(s, 2) + 4 * C * s.N, b2 = bwd_bytes(s, 2) + 10 * C * s.N;
+    const double f3 = fwd_bytes(s, 3), b3 = bwd_bytes(s, 3);
+    const double fstd = 8 * C * s.N, bstd = 16 * C * s.N;   // std's residual path (residual.cu v2): 4 + 8 KiB
+    printf("100m (N=%zu C=%d n=%d), bytes per position per sublayer, the op alone: fwd %.1f KiB, bwd %.1f KiB\n",
+           s.N, s.C, s.n, fwd_bytes(s, 2) / K, bwd_bytes(s, 2) / K);
+    printf("with the pre-norm: v2 + std's norm kernels fwd %.1f + bwd %.1f KiB; v3 (fused) fwd %.1f + bwd %.1f KiB;"
+           " std's residual path %.1f + %.1f KiB\n", f2 / K, b2 / K, f3 / K, b3 / K, fstd / K, bstd / K);
+    printf("a micro-step (24 boundaries each way): v2 path %.2f GB (%.2f ms at 4.0 TB/s), v3 %.2f GB (%.2f ms);"
+           " over std's: v2 +%.2f ms, v3 +%.2f ms\n", 24 * (f2 + b2) / 1e9, 24 * (f2 + b2) / 4.0e9,
+           24 * (f3 + b3) / 1e9, 24 * (f3 + b3) / 4.0e9, 24 * (f2 + b2 - fstd - bstd) / 4.0e9,
+           24 * (f3 + b3 - fstd - bstd) / 4.0e9);
+    printf("kept for the backward: streams %d B per position per sublayer (bf16), %.2f GB for 24 boundaries;"
+           " v2 also h, %.2f GB for 25 sites (v3 none)\n", 2 * s.n * s.C, 24.0 * s.N * s.n * s.C * 2 / 1e9,
+           25.0 * s.N * s.C * 2 / 1e9);
+}
+
+// ============================================================================
+// fp32 emulation of v3 (no GPU needed): the kernels' arithmetic on the host in fp32, lane by
+// lane (lane l holds channels 8 (l + 32 q) + k; the warp's sums are the butterfly of
+// warp_sum), for the per-element outputs: fwd's Xn, u, rstd and bwd's dXp, dout, held to
+// check_op's tolerances against the fp64 reference at every check shape. It shows the
+// tolerances cover fp32 arithmetic of this shape (the host may round a * b + c twice where
+// the GPU fuses it: an error of the same size). The parameter sums keep v2's tolerances (dw,
+// dA, dbeta) and std's norm weight's (dg, residual.cu).
+// ============================================================================
+
+static float bfr(float v) { return bf2f(f2bf(v)); }
+// warp_sum's butterfly over 32 lane values (lane 0's result; every lane's is the same)
+static float emu_warp_sum(std::vector<float> v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        std::vector<float> t(32);
+        for (int l = 0; l < 32; l++) { t[l] = v[l] + v[l ^ o]; }
+        v = t;
+    }
+    return v[0];
+}
+
+static bool emu_v3(const Shape &s, uint64_t seed) {
+    Inputs in = make_inputs(s, seed);
+    const int C = s.C, n = s.n, NPK = (int)ceil_div(C, 256);   // the packs that hold channels
+    size_t NS = s.N * n * C, NC = s.N * C;
+    std::vector<float> Xn(NS), u(NC), rstd(s.N), dXn(NS), dout(NC);
+    for (size_t p = 0; p < s.N; p++) {
+        // fwd: X' = A X + beta o (rounded), h += w X', ss per lane, then the norm
+        std::vector<float> h(C), ssl(32, 0.0f);
+        for (int l = 0; l < 32; l++) {
+            for (int q = 0; q < NPK; q++) {
+                for (int k = 0; k < 8; k++) {
+                    int c = 8 * (l + 32 * q) + k;
+                    if (c >= C) { continue; }
+                    float hv = 0.0f;
+                    for (int r = 0; r < n; r++) {
+                        float v = in.beta[r] * in.o[p * C + c];
+                        for (int t = 0; t < n; t++) { v += in.A[r * n + t] * in.X[(p * n + t) * C + c]; }
+                        Xn[(p * n + r) * C + c] = bfr(v);
+                        hv += in.w[r] * Xn[(p * n + r) * C + c];
+                    }
+                    h[c] = hv;
+                    ssl[l] += hv * hv;
+                }
+            }
+        }
+        float sf = 1.0f / sqrtf(emu_warp_sum(ssl) / C + 1e-6f);
+        rstd[p] = sf;
+        for (int c = 0; c < C; c++) { u[p * C + c] = bfr(h[c] * sf * in.g[c]); }
+        // bwd: h of X, du g, sum_c du g h per lane, then dh, dX, dXp_new, dout
+        std::vector<float> hb(C), dg(C), gl(32, 0.0f);
+        for (int l = 0; l < 32; l++) {
+            for (int q = 0; q < NPK; q++) {
+                for (int k = 0; k < 8; k++) {
+                    int c = 8 * (l + 32 * q) + k;
+                    if (c >= C) { continue; }
+                    float hv = 0.0f;
+                    for (int r = 0; r < n; r++) { hv += in.w[r] * in.X[(p * n + r) * C + c]; }
+                    hb[c] = hv;
+                    dg[c] = in.dh[p * C + c] * in.g[c];
+                    gl[l] += dg[c] * hv;
+                }
+            }
+        }
+        const float sb = in.rstd[p], k3 = sb * sb * sb / C * emu_warp_sum(gl);
+        for (int c = 0; c < C; c++) {
+            float d[HC_MAX_N], t = 0.0f;
+            for (int r = 0; r < n; r++) { d[r] = in.dXp[(p * n + r) * C + c] + in.w[r] * (sb * dg[c] - k3 * hb[c]); }
+            for (int r = 0; r < n; r++) { t += in.bprev[r] * d[r]; }
+            dout[p * C + c] = bfr(t);
+            for (int t2 = 0; t2 < n; t2++) {
+                float v = 0.0f;
+                for (int r = 0; r < n; r++) { v += in.Aprev[r * n + t2] * d[r]; }
+                dXn[(p * n + t2) * C + c] = v;
+            }
+        }
+    }
+    printf("cpu-selftest: v3 fp32 emulation N=%zu C=%d n=%d:", s.N, C, n);
+    std::vector<double> Xr(NS), hr(NC), dXr(NS), dor(NC), dw(n, 0.0), dA(n * n, 0.0), db(n, 0.0), dgr(C, 0.0);
+    ref_forward(D(in.X).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, C, n, true,
+                Xr.data(), hr.data());
+    bool ok = compare("Xn", Xn, Xr, 1.0 / 128, 1e-6);
+    std::vector<unsigned char> ub(NC * 2), rb(s.N * 4);
+    for (size_t i = 0; i < NC; i++) { uint16_t b = f2bf(u[i]); memcpy(&ub[2 * i], &b, 2); }
+    memcpy(rb.data(), rstd.data(), s.N * 4);
+    ok &= check_norm_fwd("", D(Xn), in.w, in.g, ub, rb, s.N, C, n);
+    ref_backward3(in, D(in.dXp), D(in.X), D(in.Xprev), s, dXr.data(), dor.data(), dw.data(), dA.data(), db.data(),
+                  dgr.data());
+    ok &= compare("dXp", dXn, dXr, 1e-5, 1e-6);
+    ok &= compare("dout", dout, dor, 1.0 / 256, 1e-6);
+    printf(" %s\n", ok ? "PASS" : "FAIL");
+    return ok;
+}
+
+// ============================================================================
+// --dxp-chain (no GPU): how much would bf16 stream gradients lose? The backward of 24 sublayer
+// boundaries, as the trainer chains them (dX_j = dXp_j + w_j dh_j, dXp_{j-1} = A_{j-1}^T dX_j,
+// dA_{j-1} += dX_j X_{j-1}^T over positions), with test_mhar's hc parameters (A = I + 0.1 z,
+// w = softmax(0.5 z)), random streams X and random site gradients dh_j of one scale; dXp kept
+// in fp64 (the reference), in fp32 (v3), and in fp32 arithmetic stored as bf16 at every
+// boundary (the candidate). Prints the normwise error (max|err| / max|ref|) of the embedding's
+// gradient sum_r dX_0 and the worst over boundaries of dA, against one bf16 rounding (2^-8).
+// ============================================================================
+
+static int dxp_chain(uint64_t seed) {
+    host_rng = seed;
+    const size_t N = 256;
+    const int C = 512, n = 4, J = 24;
+    std::vector<double> A((size_t)J * n * n), w((size_t)(J + 1) * n);
+    for (size_t i = 0; i < A.size(); i++) { A[i] = (i / n % n == i % n) + 0.1 * host_normal(); }
+    for (int j = 0; j <= J; j++) {
+        double s = 0;
+        for (int r = 0; r < n; r++) { w[j * n + r] = exp(0.5 * host_normal()); s += w[j * n + r]; }
+        for (int r = 0; r < n; r++) { w[j * n + r] /= s; }
+    }
+    std::vector<float> X(N * n * C), dh(N * C);
+    for (auto &v : X) { v = bfr((float)host_normal()); }
+    const size_t NS = N * n * C;
+    std::vector<double> d64(NS, 0.0), dA64((size_t)J * n * n, 0.0), e64(N * C);
+    std::vector<float> d32(NS, 0.0f), d16(NS, 0.0f), dA32((size_t)J * n * n, 0.0f), dA16((size_t)J * n * n, 0.0f),
+        e32(N * C), e16(N * C);
+    // dX = dXp + w dh; the update's backward through A_{j-1}; dA_{j-1} += dX X^T (X: the same random
+    // streams at every boundary: the error's growth, not the values, is measured)
+    for (int j = J; j >= 0; j--) {
+        for (auto &v : dh) { v = (float)(0.01 * host_normal()); }
+        for (size_t p = 0; p < N; p++) {
+            for (int c = 0; c < C; c++) {
+                double x64[HC_MAX_N];
+                float x32[HC_MAX_N], x16[HC_MAX_N];
+                for (int r = 0; r < n; r++) {
+                    size_t i = (p * n + r) * C + c;
+                    x64[r] = d64[i] + w[j * n + r] * dh[p * C + c];
+                    x32[r] = d32[i] + (float)w[j * n + r] * dh[p * C + c];
+                    x16[r] = d16[i] + (float)w[j * n + r] * dh[p * C + c];
+                }
+                if (j == 0) {
+                    double s64 = 0; float s32 = 0, s16 = 0;
+                    for (int r = 0; r < n; r++) { s64 += x64[r]; s32 += x32[r]; s16 += x16[r]; }
+                    e64[p * C + c] = s64; e32[p * C + c] = s32; e16[p * C + c] = s16;
+                    continue;
+                }
+                const double *a = &A[(size_t)(j - 1) * n * n];
+                for (int s = 0; s < n; s++) {
+                    size_t i = (p * n + s) * C + c;
+                    double v64 = 0; float v32 = 0, v16 = 0;
+                    for (int r = 0; r < n; r++) {
+                        v64 += a[r * n + s] * x64[r]; v32 += (float)a[r * n + s] * x32[r];
+                        v16 += (float)a[r * n + s] * x16[r];
+                        size_t k = (size_t)(j - 1) * n * n + r * n + s;
+                        dA64[k] += x64[r] * X[i]; dA32[k] += x32[r] * X[i]; dA16[k] += x16[r] * X[i];
+                    }
+                    d64[i] = v64; d32[i] = v32; d16[i] = bfr(v16);
+                }
+            }
+        }
+    }
+    auto nerr = [](const std::vector<float> &g, const std::vector<double> &r, size_t off, size_t len) {
+        double m = 0, e = 0;
+        for (size_t i = off; i < off + len; i++) { m = std::max(m, fabs(r[i])); e = std::max(e, fabs(g[i] - r[i])); }
+        return e / m;
+    };
+    double a32 = 0, a16 = 0;
+    for (int j = 0; j < J; j++) {
+        a32 = std::max(a32, nerr(dA32, dA64, (size_t)j * n * n, n * n));
+        a16 = std::max(a16, nerr(dA16, dA64, (size_t)j * n * n, n * n));
+    }
+    printf("dxp-chain: %d boundaries, N=%zu C=%d n=%d: embedding gradient error fp32 dXp %.1e, bf16 dXp %.1e; "
+           "dA (worst boundary) fp32 %.1e, bf16 %.1e; one bf16 rounding 3.9e-03\n", J, N, C, n,
+           nerr(e32, e64, 0, N * C), nerr(e16, e64, 0, N * C), a32, a16);
+    return 0;
 }
 
 // ============================================================================
@@ -500,38 +1167,51 @@ static int cpu_selftest(uint64_t seed) {
     for (auto &v : R) { v = host_normal(); }
     for (auto &v : P) { v = host_normal(); }
     // X = A Xprev + beta o (the update of j-1), h = sum w X (the read of j);
-    // loss = R . X + P . h, so dL/dX = R + w P: dXp (= A_j^T dX_{j+1}) = R, dh = P
-    std::vector<double> X(N * n * C), h(N * C);
+    // loss = R . X + P . h, so dL/dX = R + w P: dXp (= A_j^T dX_{j+1}) = R, dh = P.
+    // v3 (norm): the pre-norm u = rmsnorm(h; g) of the read under the loss R . X + P . u (dL/du
+    // = P, given to the norm's backward as du), with g moved too; s exact at every evaluation.
+    std::vector<double> X(N * n * C), h(N * C), g(C), u(N * C), rs(N);
+    for (auto &v : g) { v = 1 + 0.3 * host_normal(); }
+    bool norm = false;
     auto loss = [&]() {
         ref_forward(Xprev.data(), o.data(), A.data(), beta.data(), w.data(), N, C, n, false, X.data(), h.data());
+        if (norm) { ref_norm(h.data(), g.data(), N, C, u.data(), rs.data()); }
         double l = 0;
         for (size_t i = 0; i < N * n * C; i++) { l += R[i] * X[i]; }
-        for (size_t i = 0; i < N * C; i++) { l += P[i] * h[i]; }
+        for (size_t i = 0; i < N * C; i++) { l += P[i] * (norm ? u[i] : h[i]); }
         return l;
     };
-    loss();
-    std::vector<double> dXprev(N * n * C), dout(N * C), dw(n, 0.0), dA(n * n, 0.0), db(n, 0.0);
-    ref_backward(R.data(), P.data(), X.data(), w.data(), Xprev.data(), o.data(), A.data(), beta.data(), N, C, n,
-                 dXprev.data(), dout.data(), dw.data(), dA.data(), db.data());
-    double worst = 0;
-    auto fd = [&](double &x, double analytic) {
-        double keep = x;
-        x = keep + eps; double lp = loss();
-        x = keep - eps; double lm = loss();
-        x = keep;
-        double num = (lp - lm) / (2 * eps);
-        worst = std::max(worst, fabs(num - analytic) / std::max(1.0, fabs(num)));
-    };
-    for (size_t i = 0; i < N * n * C; i++) { fd(Xprev[i], dXprev[i]); }
-    for (size_t i = 0; i < N * C; i++) { fd(o[i], dout[i]); }
-    for (int i = 0; i < n * n; i++) { fd(A[i], dA[i]); }
-    for (int r = 0; r < n; r++) { fd(beta[r], db[r]); }
-    // w enters through h only; the reference's dw is dh . X, the derivative at fixed X
-    for (int r = 0; r < n; r++) { fd(w[r], dw[r]); }
-    bool ok = worst < 1e-7;
-    printf("cpu-selftest: fp64 reference backward vs central differences, N=%zu C=%d n=%d: worst rel %.2e %s\n", N, C,
-           n, worst, ok ? "PASS" : "FAIL");
-    // v2's launch arithmetic: partial counts at the check and bench shapes
+    bool ok = true;
+    for (int v = 0; v < 2; v++) {
+        norm = v == 1;
+        loss();
+        std::vector<double> dXprev(N * n * C), dout(N * C), dw(n, 0.0), dA(n * n, 0.0), db(n, 0.0), dh(P), dg(C, 0.0);
+        if (norm) { ref_norm_backward(P.data(), h.data(), rs.data(), g.data(), N, C, dh.data(), dg.data()); }
+        ref_backward(R.data(), dh.data(), X.data(), w.data(), Xprev.data(), o.data(), A.data(), beta.data(), N, C, n,
+                     dXprev.data(), dout.data(), dw.data(), dA.data(), db.data());
+        double worst = 0;
+        auto fd = [&](double &x, double analytic) {
+            double keep = x;
+            x = keep + eps; double lp = loss();
+            x = keep - eps; double lm = loss();
+            x = keep;
+            double num = (lp - lm) / (2 * eps);
+            worst = std::max(worst, fabs(num - analytic) / std::max(1.0, fabs(num)));
+        };
+        for (size_t i = 0; i < N * n * C; i++) { fd(Xprev[i], dXprev[i]); }
+        for (size_t i = 0; i < N * C; i++) { fd(o[i], dout[i]); }
+        for (int i = 0; i < n * n; i++) { fd(A[i], dA[i]); }
+        for (int r = 0; r < n; r++) { fd(beta[r], db[r]); }
+        // w enters through h only; the reference's dw is dh . X, the derivative at fixed X
+        for (int r = 0; r < n; r++) { fd(w[r], dw[r]); }
+        for (int c = 0; norm && c < C; c++) { fd(g[c], dg[c]); }
+        ok &= worst < 1e-7;
+        printf("cpu-selftest: %s vs central differences, N=%zu C=%d n=%d: worst rel %.2e %s\n",
+               norm ? "v3's fp64 reference (the norm fused)" : "fp64 reference backward", N, C, n, worst,
+               worst < 1e-7 ? "PASS" : "FAIL");
+    }
+    for (const Shape &sh : check_shapes) { ok &= emu_v3(sh, seed + 7); }
+    // the launch arithmetic: partial counts at the check and bench shapes
     bool parts = true;
     for (const Shape &s : check_shapes) { parts &= ceil_div(s.N, hc_rows_per_part(s.N)) <= HC_PARTS_MAX; }
     parts &= ceil_div(bench_shape.N, hc_rows_per_part(bench_shape.N)) <= HC_PARTS_MAX;
@@ -545,7 +1225,7 @@ static int cpu_selftest(uint64_t seed) {
 
 int main(int argc, char **argv) {
     int ver = 0, reps = 20;
-    bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
+    bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false, do_chain = false;
     bool op_fwd = false, op_bwd = false;
     uint64_t seed = 1234;
     for (int i = 1; i < argc; i++) {
@@ -566,6 +1246,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--all")) { do_all = true; }
         else if (!strcmp(a, "--cpu-selftest")) { do_self = true; }
         else if (!strcmp(a, "--bytes")) { do_bytes = true; }
+        else if (!strcmp(a, "--dxp-chain")) { do_chain = true; }
         else if (!strcmp(a, "--seed")) { seed = strtoull(val(), NULL, 10); }
         else if (!strcmp(a, "--reps")) { reps = atoi(val()); }
         else if (!strcmp(a, "--quick")) { quick = true; }
@@ -573,15 +1254,16 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
-    if (ver < 0 || ver > 2 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1..2] [--check] [--bench] [--seed S] [--reps R];"
+    if (do_chain) { return dxp_chain(seed); }
+    if (ver < 0 || ver > 3 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1..3] [--check] [--bench] [--seed S] [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 2;
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;
     print_device(seed);
     bool ok = true;
     if (do_check) {
@@ -589,7 +1271,8 @@ int main(int argc, char **argv) {
             if (op_fwd) { ok &= check_op(true, v, seed); }
             if (op_bwd) { ok &= check_op(false, v, seed); }
         }
-        if (v1 == 2) { ok &= check_edges(seed); }
+        if (v0 <= 2 && v1 >= 2) { ok &= check_edges_v2(seed); }
+        if (v1 == 3) { ok &= check_edges_v3(seed); }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two versions of train_mhar.cu on one GPU, side by side in one run: builds both
 # (bf16), then alternates A and B runs (ROUNDS rounds per mode) on the 100M model, B=16,
-# T=2048, random tokens, and prints the mean tokens/s of each and B/A per mode; with
+# T=2048, random tokens, and prints the mean tokens/s of each, B/A, and the GPU memory in use
+# at the end of each side's last run, per mode; with
 # PROFILE=1 also the routing lines of each one's per-op profile (NVTX ranges under nsys,
 # when nsys is found: dev/nsys_ops.sh; a binary without NVTX ranges shows none). Alternating
 # rounds spread clock and thermal drift over both sides.
@@ -49,14 +50,19 @@ train() {   # binary, steps, mode flags...  (A_ENV / B_ENV by the binary)
 tps() {     # mean tokens/s after the first 3 steps
     awk -F'|' '/^step/ {split($6, a, " "); n++; if (n > 3) {s += a[1]; k++}} END {printf "%.0f", k ? s / k : 0}'
 }
-printf "\n%-22s %12s %12s %8s\n" "mode" "A tokens/s" "B tokens/s" "B/A"
+mem() {     # GPU memory in use at the end of the run, MiB
+    sed -n 's/.*GPU memory in use \([0-9.]*\) MiB.*/\1/p' | tail -1
+}
+printf "\n%-22s %12s %12s %8s %10s %10s\n" "mode" "A tokens/s" "B tokens/s" "B/A" "A MiB" "B MiB"
 for m in "${modes[@]}"; do
     sa=0 sb=0
     for ((r = 0; r < ROUNDS; r++)); do
-        a=$(train "$tmp/a" "$STEPS" $m 2>&1 | tps); b=$(train "$tmp/b" "$STEPS" $m 2>&1 | tps)
+        la=$(train "$tmp/a" "$STEPS" $m 2>&1); lb=$(train "$tmp/b" "$STEPS" $m 2>&1)
+        a=$(tps <<< "$la") b=$(tps <<< "$lb") ma=$(mem <<< "$la") mb=$(mem <<< "$lb")
         sa=$((sa + a)) sb=$((sb + b))
     done
-    awk -v m="$m" -v a="$sa" -v b="$sb" -v r="$ROUNDS" 'BEGIN {printf "%-22s %12.0f %12.0f %8.4f\n", m, a / r, b / r, b / a}'
+    awk -v m="$m" -v a="$sa" -v b="$sb" -v r="$ROUNDS" -v ma="${ma:-0}" -v mb="${mb:-0}" \
+        'BEGIN {printf "%-22s %12.0f %12.0f %8.4f %10.0f %10.0f\n", m, a / r, b / r, b / a, ma, mb}'
 done
 if [ "${PROFILE:-1}" = 1 ]; then
     for m in "${modes[@]}"; do

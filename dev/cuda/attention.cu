@@ -50,8 +50,10 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       next S and the previous P V on the tensor cores; variant 1 runs them in turn; variant 2 is
       1 without the producer warp (thread 0 refills the ring), two blocks per SM; variant 3 is 0
       with the two warpgroups taking turns to issue (named barriers, ping-pong). Same out and
-      lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
-Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
+      lse layouts as v2; the backward is v2's (v1's where T % 128 != 0). --check also compares
+      out and lse with v2's (v1's where T % 128 != 0). Variant 2 takes any T (3D tensor maps:
+      rows past T zero-filled by TMA, never stored); it is the trainer's forward.
+Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128 (v5 variant 2: any T), NH a multiple of NKV; v5 needs sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -1668,7 +1670,12 @@ attention_backward_fused_lite_kernel(float *dq, OutT *dk, bf16 *dv, const bf16 *
 //   register A  a[r], r = 2i + h, halves e = A[16w + g + 8h][8i + 2t + e]   (i, h in {0,1})
 // so S's accumulator of keys 16kc..16kc+15, rounded pairwise to bf16, is P's A fragment:
 // a[kc] = {d[8kc], d[8kc+1]}, {d[8kc+2], d[8kc+3]}, {d[8kc+4], d[8kc+5]}, {d[8kc+6], d[8kc+7]}.
-// grid (NH, B, T/128), the q tile slowest and heaviest first; limits: HD 64 or 128, T % 128 == 0.
+// grid (NH, B, ceil(T/128)), the q tile slowest and heaviest first; limits: HD 64 or 128, any T.
+// Any T: the tensor maps are 3D (columns, T, B), so a tile's rows past T are out of bounds of
+// its own batch and TMA fills them with zeros (and still counts the whole box's bytes); keys past
+// T are later than every row < T, so the causal mask drops them; kv tiles wholly past the block's
+// last row < T are not visited; rows past T are computed (the wgmmas are warpgroup-wide) but their
+// out and lse are not stored.
 
 // descriptor of a shared-memory operand in the 128-byte swizzle (mode 1 in bits 62-63):
 // start address >> 4 in bits 0-13, leading byte offset >> 4 in bits 16-29, stride byte
@@ -1732,10 +1739,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
         else if (clock64() - t0 > (1ll << 34)) { __trap(); }
     }
 }
-// rows [c1, c1 + box rows) x columns [c0, c0 + 64) of the 2D tensor map into dst, completing tx bytes on bar
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
+// rows [t, t + box rows) x columns [c0, c0 + 64) of batch b of the 3D tensor map (columns, T, B) into dst,
+// completing the box's tx bytes on bar; rows past T arrive as zeros
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int t, int b) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(t), "r"(b), "r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -1817,7 +1825,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     // the q tile is the slowest grid index, heaviest first: every heavy block of the grid starts before
     // any light one (one block per SM leaves no other block to fill a late heavy block's tail)
     const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y;
-    const int kvh = h / (NH / NKV), q0 = qb * BR, nkv = (q0 + BR - 1) / BC + 1;
+    const int kvh = h / (NH / NKV), q0 = qb * BR, nkv = (min(q0 + BR, T) - 1) / BC + 1;   // up to the last row < T
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         mbar_init(qfull, 1);
@@ -1829,17 +1837,17 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
 
     auto load_q = [&]() {
         mbar_expect_tx(qfull, C::Q_BYTES);
-        for (int p = 0; p < NP; p++) { tma_load_2d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, b * T + q0); }
+        for (int p = 0; p < NP; p++) { tma_load_3d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, q0, b); }
     };
     auto load_kv = [&](int j) {   // K and V of kv tile j into stage j % ST (free: released or never used)
         const int s = j % ST;
         mbar_expect_tx(kfull + s, C::KV_BYTES);
         for (int p = 0; p < NP; p++) {
-            tma_load_2d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, b * T + j * BC);
+            tma_load_3d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, j * BC, b);
         }
         mbar_expect_tx(vfull + s, C::KV_BYTES);
         for (int p = 0; p < NP; p++) {
-            tma_load_2d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, b * T + j * BC);
+            tma_load_3d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, j * BC, b);
         }
     };
     if (MODE != 2 && warp == 8) {   // producer: one lane issues every copy; waits for a stage's release to refill it
@@ -2034,11 +2042,12 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
-    const int row0 = rw + g;
+    const int row0 = rw + g;   // and row0 + 8: stored only where < T
+    const bool in0 = row0 < T, in1 = row0 + 8 < T;
     if (t4 == 0) {
         float *lrow = lse + ((size_t)b * NH + h) * T + row0;
-        lrow[0] = (m[0] + log2f(l[0])) * LN2;
-        lrow[8] = (m[1] + log2f(l[1])) * LN2;
+        if (in0) { lrow[0] = (m[0] + log2f(l[0])) * LN2; }
+        if (in1) { lrow[8] = (m[1] + log2f(l[1])) * LN2; }
     }
     const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
     bf16 *o0 = out + (((size_t)b * T + row0) * NH + h) * HD, *o1 = o0 + (size_t)8 * NH * HD;
@@ -2047,8 +2056,8 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int col = 64 * p + 8 * i + 2 * t4;
-            *(uint32_t *)(o0 + col) = pack_bf16(o[p][4 * i] * inv0, o[p][4 * i + 1] * inv0);
-            *(uint32_t *)(o1 + col) = pack_bf16(o[p][4 * i + 2] * inv1, o[p][4 * i + 3] * inv1);
+            if (in0) { *(uint32_t *)(o0 + col) = pack_bf16(o[p][4 * i] * inv0, o[p][4 * i + 1] * inv0); }
+            if (in1) { *(uint32_t *)(o1 + col) = pack_bf16(o[p][4 * i + 2] * inv1, o[p][4 * i + 3] * inv1); }
         }
 #else
     __trap();   // built without sm_90a: the host never launches v5 then (v5_device_unsupported)
@@ -2348,8 +2357,9 @@ static void backward_v4(const Shape &s, const Bufs &d) {
 }
 
 // v5: the wgmma/TMA forward (attention_forward_wgmma_kernel) and v2's backward, which reads v5's out and lse.
-// The tensor maps describe q (B*T rows of NH*HD bf16) and k, v (B*T rows of NKV*HD) as 2D tensors with
-// boxes of 64 columns x 128 rows in the 128-byte swizzle; made once per (buffers, shape).
+// The tensor maps describe q (B, T, NH*HD bf16) and k, v (B, T, NKV*HD) as 3D tensors (columns fastest)
+// with boxes of 64 columns x box_rows rows x 1 batch in the 128-byte swizzle; rows past T of a batch are
+// out of bounds (zero-filled), not the next batch's. Made once per (buffers, shape).
 static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn() {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
     if (!fn) {
@@ -2364,16 +2374,17 @@ static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn() {
     }
     return fn;
 }
-static CUtensorMap make_tmap_2d(const bf16 *base, size_t cols, size_t rows, int box_rows) {
+static CUtensorMap make_tmap_3d(const bf16 *base, size_t cols, size_t T, size_t B, int box_rows) {
     CUtensorMap m;
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = tmap_encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[2] = {(cuuint64_t)cols * sizeof(bf16), (cuuint64_t)(T * cols * sizeof(bf16))};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
+    const CUresult r = tmap_encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr,
                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "v5: cuTensorMapEncodeTiled failed (CUresult %d) for %zu x %zu bf16, box 64 x %d\n", (int)r, rows,
-                cols, box_rows);
+        fprintf(stderr, "v5: cuTensorMapEncodeTiled failed (CUresult %d) for %zu x %zu x %zu bf16, box 64 x %d\n", (int)r,
+                B, T, cols, box_rows);
         exit(1);
     }
     return m;
@@ -2426,7 +2437,7 @@ struct V5 {
         typedef V5Cfg<HD, MODE> C;
         static bool init = false;
         if (!init) { set_smem(attention_forward_wgmma_kernel<HD, MODE>, C::SMEM); init = true; }
-        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.NH, s.B, s.T / C::BR), C::THREADS, C::SMEM>>>(
+        attention_forward_wgmma_kernel<HD, MODE><<<dim3(s.NH, s.B, (s.T + C::BR - 1) / C::BR), C::THREADS, C::SMEM>>>(
             d.out, d.lse, tq, tk, tv, s.T, s.NH, s.NKV, LOG2E / sqrtf((float)HD));
         char what[64];
         snprintf(what, sizeof what, "attention_forward_wgmma_kernel (v5.%d)", MODE);
@@ -2438,9 +2449,9 @@ struct V5 {
         static Shape ks = {0, 0, 0, 0, 0};
         static CUtensorMap tq, tk, tv;
         if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s)) {
-            tq = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, C::BR);
-            tk = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
-            tv = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, C::BC);
+            tq = make_tmap_3d(d.q, (size_t)s.NH * HD, s.T, s.B, C::BR);
+            tk = make_tmap_3d(d.k, (size_t)s.NKV * HD, s.T, s.B, C::BC);
+            tv = make_tmap_3d(d.v, (size_t)s.NKV * HD, s.T, s.B, C::BC);
             key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s;
         }
         if (var == 0) { launch<0>(s, d, tq, tk, tv); }
@@ -2469,7 +2480,9 @@ static const char *unsupported(int ver, const Shape &s) {
     if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
     if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
-    if ((ver == 2 || ver == 3 || ver == 5) && s.T % 128) { return "T must be a multiple of 128"; }
+    if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
+    // v5: variant 2 (the trainer's) takes any T; the others are checked at T % 128 == 0 only
+    if (ver == 5 && g_variant != 2 && s.T % 128) { return "T must be a multiple of 128 (v5 variants 0, 1, 3)"; }
     if (ver == 5) { return v5_device_unsupported(); }
     return NULL;
 }
@@ -2484,7 +2497,8 @@ static void run_forward(int ver, const Shape &s, const Bufs &d) {
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
 static void run_backward(int ver, const Shape &s, const Bufs &d) {
     if (ver == 1) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }
-    else if (ver == 2 || ver == 5) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
+    else if (ver == 2 || (ver == 5 && s.T % 128 == 0)) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
+    else if (ver == 5) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }   // the lab's v2 takes no tails
     else if (ver == 3) { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
     else { backward_v4(s, d); }
 }
@@ -2585,12 +2599,12 @@ static bool check_version(int ver, Shape s, double qsd) {
         download(tc, d.turns, nturns_of(s));
         for (unsigned x : tc) { counters_zero &= x == 0; }
     }
-    // v5 against v2's forward on the same inputs (what the trainer runs today): out and lse
+    // v5 against v2's forward on the same inputs (v1's where T % 128 != 0: v2 takes no tails): out and lse
     double e2o = 0, e2l = 0;
     if (ver == 5) {
         std::vector<uint16_t> o2;
         std::vector<float> l2;
-        run_forward(2, s, d);
+        run_forward(s.T % 128 ? 1 : 2, s, d);
         cudaCheck(cudaDeviceSynchronize());
         download(o2, d.out, nq); download(l2, d.lse, nl);
         std::vector<double> o2d(nq), l2d(nl);
@@ -2625,13 +2639,14 @@ static bool check_version(int ver, Shape s, double qsd) {
 static const Shape *g_check_shape = NULL;   // --shape with --check: that shape only (q.sd 2)
 static bool check(int ver) {
     if (g_check_shape) { return check_version(ver, *g_check_shape, 2.0); }
-    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; two with
-    // tails (T % 64 != 0; v1 and v4 only): v4's partial q and kv tiles; T = 1024: 8 (HD 64) and
+    // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; four with
+    // tails (T % 64 != 0; v1, v4 and v5.2): partial q and kv tiles, and T = 7 (one partial tile,
+    // TMA boxes taller than the tensor; sampling's short T); T = 1024: 8 (HD 64) and
     // 16 (HD 128) kv tiles for the last q tile, so that v5's ring of 4 (3) stages wraps
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
         {{1, 256, 16, 8, 128}, 1.0}, {{2, 128, 4, 1, 128}, 3.0},
-        {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0},
+        {{1, 200, 8, 4, 64}, 2.0}, {{2, 100, 4, 1, 64}, 1.0}, {{1, 200, 8, 2, 128}, 2.0}, {{2, 7, 4, 2, 128}, 1.0},
         {{9, 256, 8, 4, 64}, 1.0},    // 36 (b, kvh) groups: several ticket batches of v4's lite variants
         {{1, 1024, 4, 2, 64}, 2.0}, {{1, 1024, 4, 2, 128}, 2.0}};
     bool ok = true;

@@ -58,6 +58,7 @@ sublayer j-1 (recomputing h_j from the streams), keeping one fp32 stream gradien
 #include <type_traits>
 #include <sys/stat.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>   // CUtensorMap, PFN_cuTensorMapEncodeTiled (kernels/attention.cuh)
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <nvtx3/nvToolsExt.h>

@@ -4,11 +4,15 @@
 // each row's log-sum-exp, and the backward recomputes p = exp(score - lse): no
 // (T, T) matrix is stored. Any T (sampling runs T = 1, 2, 3, ...).
 // One predicate, attention_use_flash(HD), picks the kernels:
-//  - fast: FlashAttention-2 on tensor cores (mma.sync m16n8k16, bf16 in, fp32
-//    accumulation), the bf16 build at HD = 64 or 128. Lab: dev/cuda/attention.cu
-//    v3 forward at HD = 64 (8 warps), v2 forward at HD = 128 (4 warps), v2 backward.
+//  - fast: FlashAttention-2 on tensor cores, the bf16 build at HD = 64 or 128 on
+//    an sm_90 GPU built with sm_90a code. Forward: Hopper's wgmma (bf16 in, fp32
+//    accumulation) on Q, K, V tiles brought by TMA into an mbarrier ring of two
+//    stages, 128 query rows and 256 threads a block, two blocks per SM (lab
+//    dev/cuda/attention.cu v5, variant 2). Backward: mma.sync m16n8k16, a dk/dv
+//    pass and a dq pass (lab v2).
 //  - fallback: one warp per row on the CUDA cores in fp32 with an online softmax,
-//    every other case (the fp32 build, other head dims). Lab: dev/cuda/attention.cu v1.
+//    every other case (the fp32 build, other head dims, other GPUs or an -arch
+//    without sm_90a). Lab: dev/cuda/attention.cu v1.
 
 // Fallback. A block owns a tile of ATT_TILE = 32 rows (query rows in the
 // forward and dq kernels, key rows in the dk/dv kernel) of one head; each of
@@ -250,13 +254,14 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
 
 #ifndef PRECISION_FP32
 // ----------------------------------------------------------------------------
-// Flash kernels (bf16 build): the FlashAttention-2 scheme, ldmatrix(.trans) from
-// padded smem rows, cp.async double buffering, the online softmax in base 2. No
-// atomics: each output element is written by one thread. Unlike the lab they take
-// any T: rows past T are zero-filled on load and never stored, the backward gives
-// them lse = +inf (p = 0), tiles wholly past T are not visited, and lse and D move
-// by 4-byte cp.async (a row of (B, NH, T) is 16-byte aligned only when T % 4 == 0);
-// dq and dk are written in fp32 from the accumulators.
+// Flash kernels (bf16 build): the FlashAttention-2 scheme, the online softmax in
+// base 2. No atomics: each output element is written by one thread. The forward is
+// below; the backward kernels use ldmatrix(.trans) from padded smem rows and
+// cp.async double buffering. Unlike the lab's v2 they take any T: rows past T are
+// zero-filled on load and never stored, the backward gives them lse = +inf (p = 0),
+// tiles wholly past T are not visited, and lse and D move by 4-byte cp.async (a row
+// of (B, NH, T) is 16-byte aligned only when T % 4 == 0); dq and dk are written in
+// fp32 from the accumulators.
 // A lane's accumulator s[n][e] is row g + 8 (e >> 1), column 8 n + 2 t + (e & 1)
 // (common.cuh's fragment layouts); two adjacent C tiles of a 16x16 block, rounded
 // to bf16 pairwise, are its A fragment: P goes from one matmul to the next in
@@ -265,130 +270,324 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// Forward. grid (ceil(T/BR), NH, B), BR = 16 NWARPS query rows per block, the
-// heavy (late) q tiles first; warp w owns rows q0+16w..+15, its Q tile in
-// registers (A fragments). Loop over kv tiles of BC keys up to the block's last
-// row, double-buffered: S = Q K^T (16 x BC per warp, fp32), causal mask on the
-// tiles that cross the warp's diagonal, online softmax in base 2 (m = running
-// max of s*scale*log2e, l = per-thread partial sums, reduced over a row's 4
-// lanes at the end), P -> bf16 A fragments, O += P V (V via ldmatrix.trans).
+// Forward (lab v5, variant 2): Hopper's own instructions, sm_90a. The same online
+// softmax in base 2, executed by
+//   - wgmma.mma_async m64nNk16 (bf16 in, fp32 accumulate): one warpgroup (4 warps)
+//     per 64 query rows; S = Q K^T with both operands in shared memory (K-major
+//     descriptors), O += P V with P from registers and V from shared memory
+//     (N-major descriptor: V is stored key-major, so wgmma transposes it);
+//   - TMA (cp.async.bulk.tensor.3d) for the Q, K and V tiles in the 128-byte
+//     swizzle, described by 3D tensor maps (columns, T, B) made on the host;
+//   - a ring of ST = 2 K/V stages with mbarriers: per stage "K full" and "V full"
+//     (thread 0's arrive.expect_tx + the TMA bytes) and "empty" (the 8 warps
+//     arrive once their wgmmas reading the stage completed); thread 0 issues
+//     every copy between its own steps, and refills a stage once it is empty.
+// Block: 128 query rows (two warpgroups), 256 threads, two blocks per SM; kv tiles
+// of BC = 128 keys at HD = 64, 64 at HD = 128 (register budget of S and O).
+// grid (NH, B, ceil(T/128)), the q tile slowest and heaviest first.
+// Any T: a tile's rows past T are out of bounds of its batch in the 3D tensor
+// map and arrive as zeros (TMA still counts the whole box's bytes); keys past T
+// are later than every row < T, so the causal mask drops them; kv tiles up to
+// the block's last row < T are visited; rows past T are computed (the wgmmas are
+// warpgroup-wide) but their out and lse are not stored.
+// Shared-memory tiles: R rows x HD columns are HD/64 panels of R x 64 bf16 (one
+// 128-byte row per tile row, each panel 1024-byte aligned); the swizzle stores
+// 16-byte chunk c of row r at chunk c ^ (r % 8), the layout wgmma's swizzle mode 1
+// reads (the lab's v5_selftest replays this index arithmetic on the host).
+// Fragments (wgmma m64nNk16, warp w of the warpgroup, g = lane/4, t = lane%4):
+//   accumulator d[4i + 2h + e] = D[16w + g + 8h][8i + 2t + e]
+//   register A  a[2i + h], halves e = A[16w + g + 8h][8i + 2t + e]   (i, h, e in {0,1})
+// so S's accumulator of keys 16kc..16kc+15, rounded pairwise to bf16, is P's A
+// fragment kc: a[kc][r] = pack(d[8kc + 2r], d[8kc + 2r + 1]).
 // out (B, T, NH, HD) = O / l; lse (B, NH, T) = (m + log2 l) ln 2.
-// sl2 = log2(e) / sqrt(HD). smem: (BR + 4 BC) (HD+8) bf16.
-template <int HD, int NWARPS, int BC>
-__global__ void __launch_bounds__(NWARPS * 32)
-attention_forward_flash_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                               int T, int NH, int NKV, float sl2) {
-    constexpr int BR = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)smem_raw, *sK = sQ + BR * LD, *sV = sK + 2 * BC * LD;
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    const int q0 = qb * BR, r0 = q0 + warp * 16;
-    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
-    const bf16 *qg = q + ((size_t)b * T + q0) * qs + (size_t)h * HD;
-    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
-    const int nkv = (min(q0 + BR, T) - 1) / BC + 1;   // kv tiles up to the block's last row
+// smem: 1 KB alignment slack + Q (128 HD) + 2 stages of K and V (BC HD each), bf16.
+template <int HD>
+struct FwdCfg {
+    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64, ST = 2, THREADS = 256;
+    static constexpr int PANEL_Q = BR * 128, PANEL_KV = BC * 128;   // bytes of one 64-column panel
+    static constexpr int Q_BYTES = NP * PANEL_Q, KV_BYTES = NP * PANEL_KV;
+    static constexpr int NBARS = 1 + 3 * ST;                         // q full; per stage K full, V full, empty
+    static constexpr size_t SMEM = 1024 + Q_BYTES + 2 * (size_t)ST * KV_BYTES + 8 * NBARS;
+};
 
-    load_tile<BR, HD, NT>(sQ, qg, qs, T - q0);
-    load_tile<BC, HD, NT>(sK, kg, ks, T);
-    load_tile<BC, HD, NT>(sV, vg, ks, T);
-    cp_async_commit();
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATT_WGMMA 1
+#endif
 
-    uint32_t qf[HD / 16][4];
-    float o[HD / 8][4];
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) { o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f; }
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+// descriptor of a shared-memory operand in the 128-byte swizzle (mode 1 in bits
+// 62-63): start address >> 4 in bits 0-13, leading byte offset >> 4 in 16-29,
+// stride byte offset >> 4 in 32-45, base offset 0 (panels are 1024-byte aligned).
+// K-major (Q, K): 128-byte rows, SBO = 1024 between groups of 8 rows, LBO unused.
+// N-major (V): 128-byte k rows, SBO = 1024 between groups of 8 k rows, LBO = the
+// offset between 64-column panels (unused by the n64 instructions issued here).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-    for (int j = 0; j < nkv; j++) {
-        if (j + 1 < nkv) {
-            const int nb = (j + 1) & 1, kn = (j + 1) * BC;
-            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)kn * ks, ks, T - kn);
-            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)kn * ks, ks, T - kn);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) { ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane)); }
-        }
-        const int k0 = j * BC;
-        if (r0 < T && k0 <= r0 + 15) {   // warp-uniform: the warp has rows, and some see some key of the tile
-            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
-            float s[BC / 8][4];
-#pragma unroll
-            for (int n = 0; n < BC / 8; n++) { s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f; }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-                for (int nn = 0; nn < BC / 16; nn++) {
-                    uint32_t bb[4];
-                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
-                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
-                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
-                }
-            }
-            if (k0 + BC - 1 > r0) {   // the tile crosses the diagonal of this warp's rows (keys past T included)
-#pragma unroll
-                for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        if (k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { s[n][e] = -INFINITY; }
-                    }
-            }
-            // Online softmax. Tile 0 holds key 0, visible to every row, so m is
-            // finite from the first tile on and exp2(m_old - m_new) never sees -inf - -inf.
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < BC / 8; n++) { mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1])); }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[r], mx * sl2), alpha = exp2f(m[r] - mnew);
-                m[r] = mnew;
-                l[r] *= alpha;
-#pragma unroll
-                for (int n = 0; n < HD / 8; n++) { o[n][2 * r] *= alpha; o[n][2 * r + 1] *= alpha; }
-#pragma unroll
-                for (int n = 0; n < BC / 8; n++) {
-                    s[n][2 * r] = exp2f(fmaf(s[n][2 * r], sl2, -mnew));
-                    s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], sl2, -mnew));
-                    l[r] += s[n][2 * r] + s[n][2 * r + 1];
-                }
-            }
-#pragma unroll
-            for (int kc = 0; kc < BC / 16; kc++) {
-                uint32_t a[4];
-                c_to_a(a, s + 2 * kc);
-#pragma unroll
-                for (int dn = 0; dn < HD / 16; dn++) {
-                    uint32_t bb[4];
-                    ldsm_x4_t(bb, bt_addr(cV, LD, kc * 16, dn * 16, lane));
-                    mma16816(o[2 * dn], a, bb[0], bb[1]);
-                    mma16816(o[2 * dn + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
-        __syncthreads();   // this buffer is refilled by the next iteration's prefetch
+#ifdef ATT_WGMMA
+__device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+// waits for the completion of the barrier's phase with this parity; a wait past
+// 2^34 clocks (~10 s) is a pipeline bug: trap, so the launch fails instead of hanging
+__device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
+    uint32_t done = 0;
+    long long t0 = 0;
+    for (int spin = 0; ; spin++) {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_u32(b)), "r"(parity) : "memory");
+        if (done) { return; }
+        if (spin == 0) { t0 = clock64(); }
+        else if (clock64() - t0 > (1ll << 34)) { __trap(); }
     }
-    if (r0 >= T) { return; }   // warp-uniform; no barrier follows
+}
+// rows [t, t + box rows) x columns [c0, c0 + 64) of batch b of the 3D tensor map into
+// dst, completing the box's bytes on bar; rows past T arrive as zeros
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int t, int b) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(t), "r"(b), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// the compiler must not move accumulator reads or writes across the asynchronous wgmma window
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) { asm volatile("" : "+f"(d[i])::"memory"); }
+}
+template <int N>
+__device__ __forceinline__ void reg_fence_u(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) { asm volatile("" : "+r"(a[i][r])::"memory"); }
+}
+
+// accumulator operand lists: read-write (scale-d 1) or write-only (scale-d 0: D = A B)
+#define WG_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_W8(i) "=f"(d[i]), "=f"(d[i + 1]), "=f"(d[i + 2]), "=f"(d[i + 3]), "=f"(d[i + 4]), "=f"(d[i + 5]), \
+                 "=f"(d[i + 6]), "=f"(d[i + 7])
+#define WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+// d (64 x N fp32) = A (64 x 16, smem, K-major) B (16 x N, smem, K-major) + (SD ? d : 0), N = 128 or 64
+template <int N, int SD>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db) {
+    static_assert(N == 128 || N == 64, "n128 and n64 only");
+    if constexpr (N == 128 && SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 "%64, %65, 1, 1, 1, 0, 0;\n"
+                     : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24), WG_F8(32), WG_F8(40), WG_F8(48), WG_F8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (N == 128) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WG_D64 "%64, %65, 0, 1, 1, 0, 0;\n"
+                     : WG_W8(0), WG_W8(8), WG_W8(16), WG_W8(24), WG_W8(32), WG_W8(40), WG_W8(48), WG_W8(56)
+                     : "l"(da), "l"(db));
+    } else if constexpr (SD) {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 "%32, %33, 1, 1, 1, 0, 0;\n"
+                     : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
+                     : "l"(da), "l"(db));
+    } else {
+        asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 "%32, %33, 0, 1, 1, 0, 0;\n"
+                     : WG_W8(0), WG_W8(8), WG_W8(16), WG_W8(24)
+                     : "l"(da), "l"(db));
+    }
+}
+// d (64 x 64 fp32) += A (64 x 16, registers) B (16 x 64, smem, N-major: imm-trans-b = 1)
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : WG_F8(0), WG_F8(8), WG_F8(16), WG_F8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#undef WG_F8
+#undef WG_W8
+#undef WG_D32
+#undef WG_D64
+#endif  // ATT_WGMMA
+
+// tq describes q as (NH HD, T, B) with boxes of 64 x 128 x 1; tk, tv describe k, v
+// as (NKV HD, T, B) with boxes of 64 x BC x 1. sl2 = log2(e) / sqrt(HD).
+template <int HD>
+__global__ void __launch_bounds__(FwdCfg<HD>::THREADS, 2)
+attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CUtensorMap tq,
+                               const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                               int T, int NH, int NKV, float sl2) {
+#ifdef ATT_WGMMA
+    using C = FwdCfg<HD>;
+    constexpr int BR = C::BR, BC = C::BC, NP = C::NP, ST = C::ST;
+    extern __shared__ unsigned char wg_smem[];
+    unsigned char *sQ = wg_smem + ((1024 - (smem_u32(wg_smem) & 1023)) & 1023);
+    unsigned char *sK = sQ + C::Q_BYTES, *sV = sK + ST * C::KV_BYTES;
+    uint64_t *qfull = (uint64_t *)(sV + ST * C::KV_BYTES), *kfull = qfull + 1, *vfull = kfull + ST, *empty = vfull + ST;
+    const int qb = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y;
+    const int kvh = h / (NH / NKV), q0 = qb * BR, nkv = (min(q0 + BR, T) - 1) / BC + 1;   // up to the last row < T
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        mbar_init(qfull, 1);
+        for (int s = 0; s < ST; s++) { mbar_init(kfull + s, 1); mbar_init(vfull + s, 1); mbar_init(empty + s, 8); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the async proxy (TMA)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    auto load_kv = [&](int j) {   // K and V of kv tile j into stage j % ST (empty: released or never used)
+        const int s = j % ST;
+        mbar_expect_tx(kfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) { tma_load_3d(sK + s * C::KV_BYTES + p * C::PANEL_KV, &tk, kfull + s, kvh * HD + 64 * p, j * BC, b); }
+        mbar_expect_tx(vfull + s, C::KV_BYTES);
+        for (int p = 0; p < NP; p++) { tma_load_3d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, j * BC, b); }
+    };
+    if (threadIdx.x == 0) {   // Q and the first ST kv tiles; the rest after each release (below)
+        mbar_expect_tx(qfull, C::Q_BYTES);
+        for (int p = 0; p < NP; p++) { tma_load_3d(sQ + p * C::PANEL_Q, &tq, qfull, h * HD + 64 * p, q0, b); }
+        for (int j = 0; j < ST && j < nkv; j++) { load_kv(j); }
+    }
+
+    // warpgroup wg owns rows q0 + 64 wg .. +63, warp wl of it rows rw .. rw + 15
+    const int wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
+    const int rw = q0 + wg * 64 + wl * 16;
+    float o[NP][32], sc[BC / 2];
+    uint32_t pa[BC / 16][4];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) { o[p][i] = 0.f; }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const uint32_t qaddr = smem_u32(sQ) + wg * 64 * 128;
+    mbar_wait(qfull, 0);
+    __syncwarp();   // warp 0 converged (lane 0 issued copies) before the .aligned wgmma instructions
+
+    auto settle = [&]() {   // every issued wgmma of this thread completed; its registers are final
+        wgmma_wait_all();
+        reg_fence(sc);
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+        reg_fence_u(pa);
+    };
+    for (int j = 0; j < nkv; j++) {
+        const int s = j % ST, k0 = j * BC;
+        // S_j = Q K_j^T: k16 step kk reads panel kk / 4, 32 bytes a step inside it
+        mbar_wait(kfull + s, (j / ST) & 1);
+        __syncwarp();
+        const uint32_t kaddr = smem_u32(sK + s * C::KV_BYTES);
+        wgmma_fence();
+        wgmma_ss<BC, 0>(sc, wg_desc(qaddr, 16, 1024), wg_desc(kaddr, 16, 1024));
+#pragma unroll
+        for (int kk = 1; kk < HD / 16; kk++) {
+            const uint32_t koff = (kk % 4) * 32;
+            wgmma_ss<BC, 1>(sc, wg_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
+                            wg_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
+        }
+        wgmma_commit();
+        settle();
+        // causal mask where the tile crosses the diagonal of some row of this warp (keys past T included)
+        if (k0 + BC - 1 > rw) {
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (k0 + 8 * i + 2 * t4 + (e & 1) > rw + g + 8 * (e >> 1)) { sc[4 * i + e] = -INFINITY; }
+                }
+        }
+        // online softmax; tile 0 holds key 0, visible to every row, so m is finite from then on
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) { mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1])); }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[r], mx * sl2), alpha = exp2f(m[r] - mnew);
+            m[r] = mnew;
+            l[r] *= alpha;
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) {
+                sc[4 * i + 2 * r] = exp2f(fmaf(sc[4 * i + 2 * r], sl2, -mnew));
+                sc[4 * i + 2 * r + 1] = exp2f(fmaf(sc[4 * i + 2 * r + 1], sl2, -mnew));
+                l[r] += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
+            }
+#pragma unroll
+            for (int p = 0; p < NP; p++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) { o[p][4 * i + 2 * r] *= alpha; o[p][4 * i + 2 * r + 1] *= alpha; }
+        }
+        // P_j -> bf16 A fragments (register pairs of the accumulator)
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) { pa[kc][r] = pack_bf16(sc[8 * kc + 2 * r], sc[8 * kc + 2 * r + 1]); }
+        // O += P_j V_j: k16 step kc reads key rows 16 kc.., 2048 bytes a step
+        mbar_wait(vfull + s, (j / ST) & 1);
+        __syncwarp();
+        const uint32_t vaddr = smem_u32(sV + s * C::KV_BYTES);
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+        reg_fence_u(pa);
+        wgmma_fence();
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++)
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                wgmma_rs_n64(o[p], pa[kc], wg_desc(vaddr + p * C::PANEL_KV + kc * 2048, C::PANEL_KV, 1024));
+            }
+        wgmma_commit();
+        settle();
+        // this warp is done with stage s; thread 0 refills it with tile j + ST once all 8 warps are (phase j / ST)
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + s); }
+        if (threadIdx.x == 0 && j + ST < nkv) {
+            mbar_wait(empty + s, (j / ST) & 1);
+            load_kv(j + ST);
+        }
+        __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
+    }
+
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
+    const int row0 = rw + g;   // and row0 + 8: stored only where < T
+    const bool in0 = row0 < T, in1 = row0 + 8 < T;
     if (t4 == 0) {
-        float *lrow = lse + ((size_t)b * NH + h) * T + r0 + g;
-        if (r0 + g < T) { lrow[0] = (m[0] + log2f(l[0])) * LN2; }
-        if (r0 + g + 8 < T) { lrow[8] = (m[1] + log2f(l[1])) * LN2; }
+        float *lrow = lse + ((size_t)b * NH + h) * T + row0;
+        if (in0) { lrow[0] = (m[0] + log2f(l[0])) * LN2; }
+        if (in1) { lrow[8] = (m[1] + log2f(l[1])) * LN2; }
     }
-    // the warp's own rows of sQ are free (its Q fragments are in registers)
-    store_rows<HD>(out + ((size_t)b * T + r0) * qs + (size_t)h * HD, qs, sQ + warp * 16 * LD, o, 1.f / l[0],
-                   1.f / l[1], T - r0, lane);
+    const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
+    bf16 *o0 = out + (((size_t)b * T + row0) * NH + h) * HD, *o1 = o0 + (size_t)8 * NH * HD;
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int col = 64 * p + 8 * i + 2 * t4;
+            if (in0) { *(uint32_t *)(o0 + col) = pack_bf16(o[p][4 * i] * inv0, o[p][4 * i + 1] * inv0); }
+            if (in1) { *(uint32_t *)(o1 + col) = pack_bf16(o[p][4 * i + 2] * inv1, o[p][4 * i + 3] * inv1); }
+        }
+#else
+    __trap();   // built without sm_90a: attention_setup's probe keeps the host from launching it
+#endif
+}
+
+// 1 where this build has the wgmma forward's device code (sm_90a), else 0
+__global__ void attention_wgmma_probe_kernel(int *built) {
+#ifdef ATT_WGMMA
+    *built = 1;
+#else
+    *built = 0;
+#endif
 }
 
 // Dt (B, NH, T) = dout . out per query row, for the flash backward: HD/8
@@ -660,16 +859,77 @@ attention_backward_dq_flash_kernel(float *dq, const bf16 *q, const bf16 *k, cons
     if (r0 < T) { store_rows_f32<HD>(dq + qgo + (size_t)warp * 16 * qs, qs, dqa, scale, T - r0, lane); }
 }
 
-// Launchers of the flash kernels at head dim HD, in the lab's fastest
-// configuration at each (NOTES_attention.md): forward blocks of FWD_WARPS warps
-// (v3's 8 at HD=64, v2's 4 at HD=128), backward blocks of 4 warps (v2); kv tiles
-// of BC keys (forward, dq); q tiles of BQ rows in the dk/dv pass, which keeps
-// its K/V fragments in registers at HD=64 only (register budget).
+// Tensor maps of the wgmma forward: q (B, T, NH HD) and k, v (B, T, NKV HD) as 3D
+// bf16 tensors (columns fastest) with boxes of 64 columns x box_rows rows x 1 batch
+// in the 128-byte swizzle; rows past T of a batch are out of bounds (zero-filled),
+// never the next batch's. The encoder is the driver's cuTensorMapEncodeTiled, taken
+// through the runtime (cudaGetDriverEntryPointByVersion): no -lcuda.
+CUtensorMap att_tmap_3d(const bf16 *base, size_t cols, int T, int B, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (!encode) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult qr = cudaDriverEntryPointSymbolNotFound;
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &qr));
+        if (qr != cudaDriverEntryPointSuccess || !p) {
+            die("attention: the CUDA driver has no cuTensorMapEncodeTiled (query result %d); update the driver", (int)qr);
+        }
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    CUtensorMap m;
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[2] = {(cuuint64_t)(cols * sizeof(bf16)), (cuuint64_t)((size_t)T * cols * sizeof(bf16))};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
+    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        die("attention: cuTensorMapEncodeTiled failed (CUresult %d) for a (%d, %d, %zu) bf16 tensor at %p, box 64 x %d",
+            (int)r, B, T, cols, (const void *)base, box_rows);
+    }
+    return m;
+}
+
+// The forward's tensor maps, made once per (q, k, v, B, T, NH, NKV, HD) and kept:
+// every layer's q, k, v are their own slices of the activations, and B, T change
+// between training, evaluation and sampling calls, so the key is the call's
+// pointers and shape, not a model-build-time list. Encoding is host-only work
+// (no device call); a full table is overwritten round-robin.
+struct AttTmaps {
+    const void *q, *k, *v;
+    int B, T, NH, NKV, HD;
+    CUtensorMap tq, tk, tv;
+};
+#define ATT_TMAP_SLOTS 256
+AttTmaps att_tmaps[ATT_TMAP_SLOTS];
+int att_tmaps_used = 0, att_tmaps_next = 0;
+
+const AttTmaps &att_tmaps_get(const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV, int HD,
+                              int box_q, int box_kv) {
+    for (int i = 0; i < att_tmaps_used; i++) {
+        const AttTmaps &e = att_tmaps[i];
+        if (e.q == q && e.k == k && e.v == v && e.B == B && e.T == T && e.NH == NH && e.NKV == NKV && e.HD == HD) {
+            return e;
+        }
+    }
+    AttTmaps &e = att_tmaps[att_tmaps_next];
+    att_tmaps_next = (att_tmaps_next + 1) % ATT_TMAP_SLOTS;
+    if (att_tmaps_used < ATT_TMAP_SLOTS) { att_tmaps_used++; }
+    e.q = q; e.k = k; e.v = v; e.B = B; e.T = T; e.NH = NH; e.NKV = NKV; e.HD = HD;
+    e.tq = att_tmap_3d(q, (size_t)NH * HD, T, B, box_q);
+    e.tk = att_tmap_3d(k, (size_t)NKV * HD, T, B, box_kv);
+    e.tv = att_tmap_3d(v, (size_t)NKV * HD, T, B, box_kv);
+    return e;
+}
+
+// Launchers at head dim HD: the wgmma forward (FwdCfg), and the backward in the
+// lab's fastest mma.sync configuration (v2, NOTES_attention.md): blocks of 4 warps,
+// kv tiles of BC keys (dq), q tiles of BQ rows in the dk/dv pass, which keeps its
+// K/V fragments in registers at HD=64 only (register budget).
 template <int HD> struct Flash {
-    static constexpr int FWD_WARPS = HD == 64 ? 8 : 4, BWD_WARPS = 4, BC = 64, BQ = HD == 64 ? 64 : 32;
+    static constexpr int BWD_WARPS = 4, BC = 64, BQ = HD == 64 ? 64 : 32;
     static constexpr bool KV_REGS = HD == 64;
     static constexpr size_t ROW = (HD + FA_PAD) * sizeof(bf16);   // bytes of a padded smem row
-    static constexpr size_t fwd_smem = (FWD_WARPS * 16 + 4 * BC) * ROW;
+    static constexpr size_t fwd_smem = FwdCfg<HD>::SMEM;
     static constexpr size_t dq_smem = (2 * BWD_WARPS * 16 + 4 * BC) * ROW;
     static constexpr size_t dkdv_smem = (2 * BWD_WARPS * 16 + 4 * BQ) * ROW + 4 * BQ * sizeof(float);
     static constexpr size_t max_smem = fwd_smem > dq_smem ? (fwd_smem > dkdv_smem ? fwd_smem : dkdv_smem)
@@ -677,7 +937,7 @@ template <int HD> struct Flash {
 
     // allow each kernel its dynamic shared memory (over the default 48 KB)
     static void setup() {
-        cudaCheck(cudaFuncSetAttribute(attention_forward_flash_kernel<HD, FWD_WARPS, BC>,
+        cudaCheck(cudaFuncSetAttribute(attention_forward_wgmma_kernel<HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem));
         cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_flash_kernel<HD, BWD_WARPS, BQ, KV_REGS>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem));
@@ -686,9 +946,10 @@ template <int HD> struct Flash {
     }
     // attention_forward's contract: out (B, T, NH, HD), lse (B, NH, T)
     static void forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
-        dim3 grid(ceil_div(T, FWD_WARPS * 16), NH, B);
-        attention_forward_flash_kernel<HD, FWD_WARPS, BC><<<grid, FWD_WARPS * 32, fwd_smem>>>(
-            out, lse, q, k, v, T, NH, NKV, LOG2E / sqrtf((float)HD));
+        typedef FwdCfg<HD> C;
+        const AttTmaps &tm = att_tmaps_get(q, k, v, B, T, NH, NKV, HD, C::BR, C::BC);
+        attention_forward_wgmma_kernel<HD><<<dim3(NH, B, ceil_div(T, C::BR)), C::THREADS, fwd_smem>>>(
+            out, lse, tm.tq, tm.tk, tm.tv, T, NH, NKV, LOG2E / sqrtf((float)HD));
         launchCheck();
     }
     // attention_backward's contract: prep (Dt), then the dk/dv pass and the dq pass
@@ -709,16 +970,19 @@ template <int HD> struct Flash {
 };
 
 int att_smem_optin = 0;   // the device's opt-in shared memory per block (bytes), read by attention_setup
+bool att_wgmma_ok = false;   // an sm_90 device and sm_90a code for the wgmma forward, read by attention_setup
 #endif  // !PRECISION_FP32
 
-// The dispatch rule: the flash kernels in the bf16 build at HD = 64 or 128 when
-// the device gives a block their shared memory (at most 104 KB, HD = 128: any
-// sm_80 or sm_90 part); the simple kernels otherwise.
+// The dispatch rule: the fast kernels in the bf16 build at HD = 64 or 128 on an
+// sm_90 device (H100/H200: wgmma, TMA) with sm_90a code in this build, when the
+// device gives a block their shared memory (at most 104 KB, HD = 128); the simple
+// kernels otherwise.
 bool attention_use_flash(int HD) {
 #ifdef PRECISION_FP32
     (void)HD;
     return false;
 #else
+    if (!att_wgmma_ok) { return false; }
     if (HD == 64) { return att_smem_optin >= (int)Flash<64>::max_smem; }
     if (HD == 128) { return att_smem_optin >= (int)Flash<128>::max_smem; }
     return false;
@@ -777,6 +1041,19 @@ void attention_setup(int HD) {
     int dev = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&att_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int major = 0, minor = 0;
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    att_wgmma_ok = false;
+    if (major == 9 && minor == 0) {   // does this build hold the sm_90a code? (-arch=sm_90 or sm_80 would not)
+        int *d = NULL, built = 0;
+        cudaCheck(cudaMalloc(&d, sizeof(int)));
+        attention_wgmma_probe_kernel<<<1, 1>>>(d);
+        launchCheck();
+        cudaCheck(cudaMemcpy(&built, d, sizeof(int), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaFree(d));
+        att_wgmma_ok = built == 1;
+    }
     if (attention_use_flash(HD)) {
         if (HD == 64) { Flash<64>::setup(); }
         else { Flash<128>::setup(); }

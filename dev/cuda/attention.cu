@@ -2220,17 +2220,22 @@ static int v5_selftest() { return v5_selftest_hd<64>() + v5_selftest_hd<128>(); 
 // Accumulator element v of thread (warp w of the warpgroup, lane = 4g + t) is row 16w + g + 8((v>>1)&1),
 // column 8(v>>2) + 2t + (v&1): in the transposed products the column is a query, so lse and D are
 // indexed by column (staged per q tile in shared memory by a bulk copy beside the Q and dO tiles).
-// Block = NWG warpgroups (variant 0: 2, 128 keys or rows; variant 1: 1, 64), no producer warp: thread 0
-// issues every copy, into a ring of ST stages (Q, dO, lse, D tiles in dk/dv; K, V tiles in dq) with
-// a full barrier (TMA bytes) and an empty barrier (one arrival per consumer warp) per stage; the
-// block's own tiles (K, V or Q, dO) load once. Each step runs its products in turn (S^T and dP^T
-// in flight together; P^T computed while dP^T runs). Every output element is written once by one
+// Block = NWG warpgroups (variants 0 and 2: 2, 128 keys or rows; variant 1: 1, 64), no producer warp:
+// thread 0 issues every copy, into a ring of ST stages (Q, dO, lse, D tiles in dk/dv; K, V tiles in
+// dq) with a full barrier (TMA bytes) and an empty barrier (one arrival per consumer warp) per stage;
+// the block's own tiles (K, V or Q, dO) load once. S^T and dP^T are in flight together and P^T is
+// computed while dP^T runs; then without OVL (variants 0, 1) the step waits for its dV, dK (dQ)
+// products, with OVL (variant 2) it issues the next step's S^T, dP^T behind them and the next
+// step's first wait retires them (then the stage is released). Every output element is written once by one
 // thread (dK, dV, dQ from registers, scaled as v2's): deterministic. grid dk/dv (NKV, B, T/BK) and
 // dq (NH, B, T/BR), the slowest index heaviest first. Limits: HD 64 or 128, T % 128 == 0.
 template <int HD, int NWG>
 struct V6Cfg {
     static constexpr int NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;   // bytes of a 64-row tile
-    static constexpr int ST = 2, THREADS = 128 * NWG, BLK = 64 * NWG;
+    // ring stages: two warpgroups sync through every stage's release, so a deeper ring lets one run
+    // up to ST - 1 steps ahead of the other (their softmaxes then overlap the other's products);
+    // one warpgroup a block keeps 2 so that 3-4 blocks fit an SM
+    static constexpr int ST = NWG == 2 ? (HD == 64 ? 4 : 3) : 2, THREADS = 128 * NWG, BLK = 64 * NWG;
     static constexpr int NBARS = 1 + 2 * ST;   // own tiles full; per stage full, empty
     // dk/dv: K, V subtiles; ST x (Q, dO); ST x (lse, D) of 64 floats each
     static constexpr size_t DKDV_SMEM = 1024 + 2 * (size_t)NWG * TILE + 2 * (size_t)ST * TILE + 2 * ST * 256 + 8 * NBARS;
@@ -2282,7 +2287,7 @@ __device__ __forceinline__ void v6_init_bars(uint64_t *own, int ST, int nwarps) 
 #endif
 
 // dK, dV (B, T, NKV, HD) bf16 for the block's BLK keys of kv head blockIdx.x; lse, D (B, NH, T).
-template <int HD, int NWG>
+template <int HD, int NWG, bool OVL>
 __global__ void __launch_bounds__(V6Cfg<HD, NWG>::THREADS, 1)
 attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__ CUtensorMap tq,
                                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -2332,63 +2337,93 @@ attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__
     const uint32_t kaddr = smem_u32(sK + wg * TILE), vaddr = smem_u32(sV + wg * TILE);
     mbar_wait(own, 0);
     __syncwarp();
-    for (int it = 0; it < nit; it++) {
-        const int s = it % ST, qt0 = (i0 + it % nq) * 64;
+    auto active = [&](int it) { return (i0 + it % nq) * 64 + 63 >= kw0; };   // warpgroup-uniform: some query of
+                                                                            // q tile it sees some key of the warpgroup
+    // step it's data landed; S^T and dP^T issued (two commit groups), not waited for
+    auto issue_sd = [&](int it) {
+        const int s = it % ST;
         mbar_wait(full + s, (it / ST) & 1);
         __syncwarp();
-        if (qt0 + 63 >= kw0) {   // warpgroup-uniform: some query of the tile sees some key of the warpgroup
-            const uint32_t qaddr = smem_u32(sQ + s * TILE), doaddr = smem_u32(sdO + s * TILE);
+        if (active(it)) {
             wgmma_fence();
-            v6_issue_rowdot<HD>(st, kaddr, qaddr);
-            v6_issue_rowdot<HD>(dpt, vaddr, doaddr);
-            wgmma_wait<1>();   // S^T complete; dP^T may still run
-            reg_fence(st);
-            const float *cL = sL + s * 64, *cD = sD + s * 64;
-            const bool mask = qt0 < kw0 + 63;   // some query of the tile precedes some key
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float2 L = *(const float2 *)(cL + 8 * i + 2 * t4);
-                const float L2[2] = {L.x * LOG2E, L.y * LOG2E};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(fmaf(st[4 * i + e], sl2, -L2[e & 1]));
-                    if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0.f; }
-                    st[4 * i + e] = p;
-                }
-            }
-            wgmma_wait<0>();
-            reg_fence(dpt);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float2 D = *(const float2 *)(cD + 8 * i + 2 * t4);
-                const float Dv[2] = {D.x, D.y};
-#pragma unroll
-                for (int e = 0; e < 4; e++) { dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - Dv[e & 1]); }
-            }
-            v6_pack(pa, st);
-            v6_pack(da, dpt);
-#pragma unroll
-            for (int p = 0; p < NP; p++) { reg_fence(dka[p]); reg_fence(dva[p]); }
-            reg_fence_u(pa);
-            reg_fence_u(da);
-            wgmma_fence();
-            v6_issue_acc<NP>(dva, pa, doaddr);
-            v6_issue_acc<NP>(dka, da, qaddr);
-            wgmma_commit();
-            wgmma_wait<0>();
-#pragma unroll
-            for (int p = 0; p < NP; p++) { reg_fence(dka[p]); reg_fence(dva[p]); }
-            reg_fence_u(pa);
-            reg_fence_u(da);
+            v6_issue_rowdot<HD>(st, kaddr, smem_u32(sQ + s * TILE));
+            v6_issue_rowdot<HD>(dpt, vaddr, smem_u32(sdO + s * TILE));
         }
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dka[p]); reg_fence(dva[p]); }
+        reg_fence_u(pa);
+        reg_fence_u(da);
+    };
+    // on issued S^T, dP^T of an active step: P^T, dS^T, then dV += P^T dO, dK += dS^T Q issued (one
+    // group), not waited for. The first wait also retires the previous step's dV, dK group (OVL).
+    auto finish = [&](int it) {
+        const int s = it % ST, qt0 = (i0 + it % nq) * 64;
+        const uint32_t qaddr = smem_u32(sQ + s * TILE), doaddr = smem_u32(sdO + s * TILE);
+        wgmma_wait<1>();   // S^T complete; dP^T may still run
+        reg_fence(st);
+        fence_acc();
+        const float *cL = sL + s * 64, *cD = sD + s * 64;
+        const bool mask = qt0 < kw0 + 63;   // some query of the tile precedes some key
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 L = *(const float2 *)(cL + 8 * i + 2 * t4);
+            const float L2[2] = {L.x * LOG2E, L.y * LOG2E};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(st[4 * i + e], sl2, -L2[e & 1]));
+                if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0.f; }
+                st[4 * i + e] = p;
+            }
+        }
+        wgmma_wait<0>();
+        reg_fence(dpt);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 D = *(const float2 *)(cD + 8 * i + 2 * t4);
+            const float Dv[2] = {D.x, D.y};
+#pragma unroll
+            for (int e = 0; e < 4; e++) { dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - Dv[e & 1]); }
+        }
+        v6_pack(pa, st);
+        v6_pack(da, dpt);
+        fence_acc();
+        wgmma_fence();
+        v6_issue_acc<NP>(dva, pa, doaddr);
+        v6_issue_acc<NP>(dka, da, qaddr);
+        wgmma_commit();
+    };
+    // every warp of the block done with stage it % ST: thread 0 refills it with step it + ST
+    auto release = [&](int it) {
         __syncwarp();
-        if (lane == 0) { mbar_arrive(empty + s); }
-        // thread 0 refills stage s with step it + ST once every warp released step it (phase it / ST)
+        if (lane == 0) { mbar_arrive(empty + it % ST); }
         if (threadIdx.x == 0 && it + ST < nit) {
-            mbar_wait(empty + s, (it / ST) & 1);
+            mbar_wait(empty + it % ST, (it / ST) & 1);
             load(it + ST);
         }
         __syncwarp();
+    };
+    if (!OVL) {   // each step's products in turn
+        for (int it = 0; it < nit; it++) {
+            issue_sd(it);
+            if (active(it)) {
+                finish(it);
+                wgmma_wait<0>();
+                fence_acc();
+            }
+            release(it);
+        }
+    } else {      // step it + 1's S^T, dP^T issued behind step it's dV, dK
+        issue_sd(0);
+        for (int it = 0; it < nit; it++) {
+            if (active(it)) { finish(it); }   // retires step it - 1's dV, dK at its first wait
+            else { wgmma_wait<0>(); fence_acc(); }
+            if (it > 0) { release(it - 1); }
+            if (it + 1 < nit) { issue_sd(it + 1); }
+        }
+        wgmma_wait<0>();
+        fence_acc();
     }
     // o[p][4i + 2h + e] -> key key + 8h, column 64p + 8i + 2t + e
 #pragma unroll
@@ -2409,7 +2444,7 @@ attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__
 }
 
 // dQ (B, T, NH, HD) bf16 for the block's BLK query rows of head blockIdx.x.
-template <int HD, int NWG>
+template <int HD, int NWG, bool OVL>
 __global__ void __launch_bounds__(V6Cfg<HD, NWG>::THREADS, 1)
 attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap tq,
                                    const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
@@ -2456,49 +2491,75 @@ attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap
     const uint32_t qaddr = smem_u32(sQ + wg * TILE), doaddr = smem_u32(sdO + wg * TILE);
     mbar_wait(own, 0);
     __syncwarp();
-    for (int j = 0; j < nkv; j++) {
-        const int s = j % ST, kt0 = 64 * j;
+    auto active = [&](int j) { return 64 * j <= rq0 + 63; };   // warpgroup-uniform: some key visible to some row
+    auto issue_sd = [&](int j) {   // S = Q K^T, dP = dO V^T of kv tile j issued, not waited for
+        const int s = j % ST;
         mbar_wait(full + s, (j / ST) & 1);
         __syncwarp();
-        if (kt0 <= rq0 + 63) {   // warpgroup-uniform: some key of the tile is visible to some row
-            const uint32_t kaddr = smem_u32(sK + s * TILE), vaddr = smem_u32(sV + s * TILE);
+        if (active(j)) {
             wgmma_fence();
-            v6_issue_rowdot<HD>(sc, qaddr, kaddr);
-            v6_issue_rowdot<HD>(dp, doaddr, vaddr);
-            wgmma_wait<1>();
-            reg_fence(sc);
-            const bool mask = kt0 + 63 > rq0;   // the diagonal tile
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(fmaf(sc[4 * i + e], sl2, -L2[e >> 1]));
-                    if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0.f; }
-                    sc[4 * i + e] = p;
-                }
-            wgmma_wait<0>();
-            reg_fence(dp);
-#pragma unroll
-            for (int i = 0; i < 32; i++) { dp[i] = sc[i] * (dp[i] - Dv[(i >> 1) & 1]); }
-            v6_pack(dsa, dp);
-#pragma unroll
-            for (int p = 0; p < NP; p++) { reg_fence(dqa[p]); }
-            reg_fence_u(dsa);
-            wgmma_fence();
-            v6_issue_acc<NP>(dqa, dsa, kaddr);
-            wgmma_commit();
-            wgmma_wait<0>();
-#pragma unroll
-            for (int p = 0; p < NP; p++) { reg_fence(dqa[p]); }
-            reg_fence_u(dsa);
+            v6_issue_rowdot<HD>(sc, qaddr, smem_u32(sK + s * TILE));
+            v6_issue_rowdot<HD>(dp, doaddr, smem_u32(sV + s * TILE));
         }
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dqa[p]); }
+        reg_fence_u(dsa);
+    };
+    auto finish = [&](int j) {   // P, dS, then dQ += dS K issued; the first wait retires the previous dQ group (OVL)
+        const int s = j % ST, kt0 = 64 * j;
+        wgmma_wait<1>();
+        reg_fence(sc);
+        fence_acc();
+        const bool mask = kt0 + 63 > rq0;   // the diagonal tile
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(sc[4 * i + e], sl2, -L2[e >> 1]));
+                if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0.f; }
+                sc[4 * i + e] = p;
+            }
+        wgmma_wait<0>();
+        reg_fence(dp);
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dp[i] = sc[i] * (dp[i] - Dv[(i >> 1) & 1]); }
+        v6_pack(dsa, dp);
+        fence_acc();
+        wgmma_fence();
+        v6_issue_acc<NP>(dqa, dsa, smem_u32(sK + s * TILE));
+        wgmma_commit();
+    };
+    auto release = [&](int j) {
         __syncwarp();
-        if (lane == 0) { mbar_arrive(empty + s); }
+        if (lane == 0) { mbar_arrive(empty + j % ST); }
         if (threadIdx.x == 0 && j + ST < nkv) {
-            mbar_wait(empty + s, (j / ST) & 1);
+            mbar_wait(empty + j % ST, (j / ST) & 1);
             load(j + ST);
         }
         __syncwarp();
+    };
+    if (!OVL) {
+        for (int j = 0; j < nkv; j++) {
+            issue_sd(j);
+            if (active(j)) {
+                finish(j);
+                wgmma_wait<0>();
+                fence_acc();
+            }
+            release(j);
+        }
+    } else {
+        issue_sd(0);
+        for (int j = 0; j < nkv; j++) {
+            if (active(j)) { finish(j); }
+            else { wgmma_wait<0>(); fence_acc(); }
+            if (j > 0) { release(j - 1); }
+            if (j + 1 < nkv) { issue_sd(j + 1); }
+        }
+        wgmma_wait<0>();
+        fence_acc();
     }
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
@@ -2965,17 +3026,19 @@ struct V5 {
 // v6: v5's forward (variant 0) and the wgmma backward: prep + attention_backward_dkdv_wgmma_kernel +
 // attention_backward_dq_wgmma_kernel. Tensor maps of q, dout (B*T rows of NH*HD) and k, v (B*T rows
 // of NKV*HD), boxes of 64 columns x 64 rows; made once per (buffers, shape). Variants (--variant K
-// with --version 6): 0 = two warpgroups a block (128 keys or query rows), 1 = one (64).
-static const int V6_NVARIANTS = 2;
-static const char *v6_variant_name[V6_NVARIANTS] = {"2 warpgroups a block (128 keys / query rows)",
-                                                    "1 warpgroup a block (64 keys / query rows)"};
+// with --version 6): 0 = two warpgroups a block (128 keys or query rows), 1 = one (64), both with each
+// step's products in turn; 2 = 0 with the next step's S, dP issued behind this step's accumulation.
+static const int V6_NVARIANTS = 3;
+static const char *v6_variant_name[V6_NVARIANTS] = {"2 warpgroups a block (128 keys / query rows), serial steps",
+                                                    "1 warpgroup a block (64 keys / query rows), serial steps",
+                                                    "2 warpgroups a block, next S/dP issued behind dK/dV (dQ)"};
 template <int HD>
 struct V6 {
-    template <int NWG>
+    template <int NWG, bool OVL>
     static void launch(const Shape &s, const Bufs &d, const CUtensorMap (&tm)[4]) {
         typedef V6Cfg<HD, NWG> C;
-        auto kdkdv = attention_backward_dkdv_wgmma_kernel<HD, NWG>;
-        auto kdq = attention_backward_dq_wgmma_kernel<HD, NWG>;
+        auto kdkdv = attention_backward_dkdv_wgmma_kernel<HD, NWG, OVL>;
+        auto kdq = attention_backward_dq_wgmma_kernel<HD, NWG, OVL>;
         static bool init = false;
         if (!init) { set_smem(kdkdv, C::DKDV_SMEM); set_smem(kdq, C::DQ_SMEM); init = true; }
         const float scale = 1.f / sqrtf((float)HD), sl2 = scale * LOG2E;
@@ -2983,11 +3046,11 @@ struct V6 {
         kdkdv<<<dim3(s.NKV, s.B, s.T / C::BLK), C::THREADS, C::DKDV_SMEM>>>(d.dk, d.dv, tm[0], tm[1], tm[2], tm[3],
                                                                           d.lse, d.D, s.T, s.NH, s.NKV, scale, sl2);
         char what[64];
-        snprintf(what, sizeof what, "attention_backward_dkdv_wgmma_kernel (v6.%d)", NWG == 2 ? 0 : 1);
+        snprintf(what, sizeof what, "attention_backward_dkdv_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
         launch_check(what);
         kdq<<<dim3(s.NH, s.B, s.T / C::BLK), C::THREADS, C::DQ_SMEM>>>(d.dq, tm[0], tm[1], tm[2], tm[3], d.lse, d.D,
                                                                      s.T, s.NH, s.NKV, scale, sl2);
-        snprintf(what, sizeof what, "attention_backward_dq_wgmma_kernel (v6.%d)", NWG == 2 ? 0 : 1);
+        snprintf(what, sizeof what, "attention_backward_dq_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
         launch_check(what);
     }
     static void backward(const Shape &s, const Bufs &d, int var) {
@@ -3001,19 +3064,22 @@ struct V6 {
             tm[3] = make_tmap_2d(d.dout, (size_t)s.NH * HD, (size_t)s.B * s.T, 64);
             key[0] = d.q; key[1] = d.k; key[2] = d.v; key[3] = d.dout; ks = s;
         }
-        if (var == 0) { launch<2>(s, d, tm); } else { launch<1>(s, d, tm); }
+        if (var == 0) { launch<2, false>(s, d, tm); }
+        else if (var == 1) { launch<1, false>(s, d, tm); }
+        else { launch<2, true>(s, d, tm); }
     }
-    template <int NWG>
+    template <int NWG, bool OVL>
     static void info1() {
         char tag[16];
-        snprintf(tag, sizeof tag, "v6.%d", NWG == 2 ? 0 : 1);
+        snprintf(tag, sizeof tag, "v6.%d", OVL ? 2 : NWG == 2 ? 0 : 1);
         typedef V6Cfg<HD, NWG> C;
-        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dkdv", (const void *)attention_backward_dkdv_wgmma_kernel<HD, NWG>,
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dkdv",
+                                                 (const void *)attention_backward_dkdv_wgmma_kernel<HD, NWG, OVL>,
                                                  C::THREADS, C::DKDV_SMEM);
-        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dq", (const void *)attention_backward_dq_wgmma_kernel<HD, NWG>,
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dq", (const void *)attention_backward_dq_wgmma_kernel<HD, NWG, OVL>,
                                                  C::THREADS, C::DQ_SMEM);
     }
-    static void info() { info1<2>(); info1<1>(); }
+    static void info() { info1<2, false>(); info1<1, false>(); info1<2, true>(); }
 };
 
 static const int NVERSIONS = 6;
@@ -3361,7 +3427,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 (0-9), v5 (0-3) or v6 (0-1) variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9), v5 (0-3) or v6 (0-2) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }

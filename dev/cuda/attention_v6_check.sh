@@ -67,7 +67,7 @@ grep -E "^v|^cfg" "$out/bench_hd128.txt" | cut -c1-200 | tee -a "$out/summary.tx
 
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$san" ] && [ -n "$passed" ]; then
-    run sanitizer_memcheck 60 "$san" --tool memcheck "$bin" --version 6 --variant "$passed" --check --shape 1,256,4,2,128 --seed 3
+    run sanitizer_memcheck 45 "$san" --tool memcheck "$bin" --version 6 --variant "$passed" --check --shape 1,256,4,2,128 --seed 3
     grep -E "ERROR SUMMARY|^v6" "$out/sanitizer_memcheck.txt" | cut -c1-200 | tee -a "$out/summary.txt"
 else
     summary "compute-sanitizer: skipped (not on the PATH, or no variant passed)"

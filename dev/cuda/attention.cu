@@ -13,7 +13,7 @@ Run:
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
   options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
            --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
-                              v5's, 0-3)
+                              v5's, 0-3; v6's, 0-2)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -51,7 +51,13 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       1 without the producer warp (thread 0 refills the ring), two blocks per SM; variant 3 is 0
       with the two warpgroups taking turns to issue (named barriers, ping-pong). Same out and
       lse layouts as v2; the backward is v2's. --check also compares out and lse with v2's.
-Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5 needs sm_90.
+  v6  the backward on wgmma + TMA (sm_90a only), v2's deterministic split: prep, a dk/dv pass
+      (a warpgroup owns 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q) and a dq
+      pass (a warpgroup owns 64 query rows: S, dP, dQ += dS K), P and dS as register A operands,
+      tiles by TMA into an mbarrier ring filled by thread 0. Variant 0: two warpgroups a block;
+      1: one; 2: 0 with the next step's S, dP issued behind the current accumulation. Same dq, dk,
+      dv as v2 (forward: v5.0); --check also compares them with v2's backward on the same inputs.
+Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128, NH a multiple of NKV; v5, v6 need sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -3503,14 +3509,17 @@ int main(int argc, char **argv) {
         printf("device: %s, %d SMs\nkernel resources:\n", prop.name, prop.multiProcessorCount);
         for (const Cfg &c : blist) {
             if (c.ver == 2) { V2_64::info("v2"); }
-            if (c.ver == 6) { V6<64>::info(); }
             if (c.ver == 4) {
                 char tag[16];
                 snprintf(tag, sizeof tag, "v4.%d", c.var);
                 V2_64::forward_info(tag, "bwd", v4_variants[c.var].kern, 128, v4_smem());
             }
         }
-        bench_list(blist, have_shape ? user : Shape{16, 2048, 8, 4, 64}, reps, rounds);
+        const Shape bs = have_shape ? user : Shape{16, 2048, 8, 4, 64};
+        if (std::any_of(blist.begin(), blist.end(), [](const Cfg &c) { return c.ver == 6; })) {
+            bs.HD == 128 ? V6<128>::info() : V6<64>::info();
+        }
+        bench_list(blist, bs, reps, rounds);
         return 0;
     }
     if (all) { vers.clear(); for (int x = 1; x <= NVERSIONS; x++) { vers.push_back(x); } }

@@ -58,12 +58,17 @@ for var in 0 1 2; do
 done
 summary "v6 variants that passed --check: ${passed:-none}"
 
-cfgs=2
-for var in ${passed//,/ }; do cfgs=$cfgs,6.$var; done
-run bench_100m 60 "$bin" --bench-list "$cfgs" --shape 16,2048,8,4,64 --reps 20 --rounds 2 --seed 5
-grep -E "regs|^v|^cfg" "$out/bench_100m.txt" | cut -c1-200 | tee -a "$out/summary.txt"
-run bench_hd128 60 "$bin" --bench-list "$cfgs" --shape 16,1024,16,8,128 --reps 20 --rounds 2 --seed 5
-grep -E "^v|^cfg" "$out/bench_hd128.txt" | cut -c1-200 | tee -a "$out/summary.txt"
+if [ -n "$passed" ]; then
+    cfgs=2
+    for var in ${passed//,/ }; do cfgs=$cfgs,6.$var; done
+    for shape in 16,2048,8,4,64 16,1024,16,8,128; do
+        name=bench_${shape//,/_}
+        run "$name" 60 "$bin" --bench-list "$cfgs" --shape "$shape" --reps 20 --rounds 2 --seed 5
+        grep -E "regs|^v|^cfg" "$out/$name.txt" | cut -c1-200 | tee -a "$out/summary.txt"
+    done
+else
+    summary "bench: skipped (no v6 variant passed --check)"
+fi
 
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$san" ] && [ -n "$passed" ]; then

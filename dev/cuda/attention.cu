@@ -13,7 +13,7 @@ Run:
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
   options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
            --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
-                              v5's, 0-3)
+                              v5's, 0-3; v6's, 0-2)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
                                              backward of several (version.variant) on one input set
 
@@ -53,7 +53,14 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       lse layouts as v2; the backward is v2's (v1's where T % 128 != 0). --check also compares
       out and lse with v2's (v1's where T % 128 != 0). Variant 2 takes any T (3D tensor maps:
       rows past T zero-filled by TMA, never stored); it is the trainer's forward.
-Limits of v2/v3/v5: HD in {64, 128}, T a multiple of 128 (v5 variant 2: any T), NH a multiple of NKV; v5 needs sm_90.
+  v6  the backward on wgmma + TMA (sm_90a only), v2's deterministic split: prep, a dk/dv pass
+      (a warpgroup owns 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q) and a dq
+      pass (a warpgroup owns 64 query rows: S, dP, dQ += dS K), P and dS as register A operands,
+      tiles by TMA into an mbarrier ring filled by thread 0. Variant 0: two warpgroups a block;
+      1: one; 2: 0 with the next step's S, dP issued behind the current accumulation. Same dq, dk,
+      dv as v2 (forward: v5.0); --check also compares them with v2's backward on the same inputs.
+Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128 (v5 variant 2: any T), NH a multiple
+of NKV; v5, v6 need sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -235,9 +242,10 @@ static void naive_forward(double *out, double *lse, const double *q, const doubl
 
 static int fragment_selftest();
 static int v5_selftest();
+static int v6_selftest();
 
 static int cpu_selftest() {
-    int fails = fragment_selftest() + v5_selftest();
+    int fails = fragment_selftest() + v5_selftest() + v6_selftest();
     // bf16 rounding: exact values, ties to even, NaN
     struct { float f; uint16_t h; } cases[] = {{1.0f, 0x3f80}, {-2.5f, 0xc020}, {1.00390625f, 0x3f80},
                                                {1.01171875f, 0x3f82}, {3.0e38f, 0x7f62}};
@@ -1739,6 +1747,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
         else if (clock64() - t0 > (1ll << 34)) { __trap(); }
     }
 }
+// rows [c1, c1 + box rows) x columns [c0, c0 + 64) of a 2D tensor map into dst, completing tx bytes on bar (v6)
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
+}
 // rows [t, t + box rows) x columns [c0, c0 + 64) of batch b of the 3D tensor map (columns, T, B) into dst,
 // completing the box's tx bytes on bar; rows past T arrive as zeros
 __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int t, int b) {
@@ -2212,6 +2225,570 @@ static int v5_selftest_hd() {
 static int v5_selftest() { return v5_selftest_hd<64>() + v5_selftest_hd<128>(); }
 
 // ----------------------------------------------------------------------------
+// v6: the backward on wgmma (sm_90a), v2's deterministic split: prep (D), a dk/dv pass, a dq pass.
+// Every matrix product is a wgmma m64nNk16 (bf16 -> fp32) with operands in v5's layouts: tiles of
+// 64 rows x HD columns land by TMA as HD/64 panels of 64 rows x 128 bytes in the 128-byte swizzle
+// (8 KB a panel, 1024-aligned). A tile read with rows as M or N (K = the head dimension) is a
+// K-major operand (v5's Q and K); read with rows as K (N = the head dimension) it is N-major
+// (v5's V). The products whose A is P, dS or their transposes take A from registers: a 64 x 64
+// accumulator repacks into the four k16 A fragments exactly as v5's P does.
+//   dk/dv pass, a warpgroup owns 64 keys (rows of its K and V subtiles), per q tile of 64 rows:
+//     S^T = K Q^T (A = K, B = Q, both K-major)    dP^T = V dO^T (A = V, B = dO, K-major)
+//     P^T = exp2(S^T sl2 - lse2[query]) (0 where query < key), dS^T = P^T (dP^T - D[query])
+//     dV += P^T dO (A = P^T regs, B = dO N-major)  dK += dS^T Q (A = dS^T regs, B = Q N-major)
+//   dq pass, a warpgroup owns 64 query rows, per kv tile of 64 keys:
+//     S = Q K^T, dP = dO V^T (K-major), P, dS = P (dP - D), dQ += dS K (A = dS regs, B = K N-major)
+// Accumulator element v of thread (warp w of the warpgroup, lane = 4g + t) is row 16w + g + 8((v>>1)&1),
+// column 8(v>>2) + 2t + (v&1): in the transposed products the column is a query, so lse and D are
+// indexed by column (staged per q tile in shared memory by a bulk copy beside the Q and dO tiles).
+// Block = NWG warpgroups (variants 0 and 2: 2, 128 keys or rows; variant 1: 1, 64), no producer warp:
+// thread 0 issues every copy, into a ring of ST stages (Q, dO, lse, D tiles in dk/dv; K, V tiles in
+// dq) with a full barrier (TMA bytes) and an empty barrier (one arrival per consumer warp) per stage;
+// the block's own tiles (K, V or Q, dO) load once. S^T and dP^T are in flight together and P^T is
+// computed while dP^T runs; then without OVL (variants 0, 1) the step waits for its dV, dK (dQ)
+// products, with OVL (variant 2) it issues the next step's S^T, dP^T behind them and the next
+// step's first wait retires them (then the stage is released). Every output element is written once by one
+// thread (dK, dV, dQ from registers, scaled as v2's): deterministic. grid dk/dv (NKV, B, T/BK) and
+// dq (NH, B, T/BR), the slowest index heaviest first. Limits: HD 64 or 128, T % 128 == 0.
+template <int HD, int NWG>
+struct V6Cfg {
+    static constexpr int NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;   // bytes of a 64-row tile
+    // ring stages: two warpgroups sync through every stage's release, so a deeper ring lets one run
+    // up to ST - 1 steps ahead of the other (their softmaxes then overlap the other's products);
+    // one warpgroup a block keeps 2 so that 3-4 blocks fit an SM
+    static constexpr int ST = NWG == 2 ? (HD == 64 ? 4 : 3) : 2, THREADS = 128 * NWG, BLK = 64 * NWG;
+    static constexpr int NBARS = 1 + 2 * ST;   // own tiles full; per stage full, empty
+    // dk/dv: K, V subtiles; ST x (Q, dO); ST x (lse, D) of 64 floats each
+    static constexpr size_t DKDV_SMEM = 1024 + 2 * (size_t)NWG * TILE + 2 * (size_t)ST * TILE + 2 * ST * 256 + 8 * NBARS;
+    // dq: Q, dO subtiles; ST x (K, V)
+    static constexpr size_t DQ_SMEM = 1024 + 2 * (size_t)NWG * TILE + 2 * (size_t)ST * TILE + 8 * NBARS;
+};
+
+#ifdef V5_DEVICE
+// bytes (a multiple of 16, both addresses 16-aligned) from global to shared, completing tx bytes on bar
+__device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+// d (64 x 64) = A B over the head dimension: A rows from the 64-row tile at a, B rows from the one at b
+// (both K-major, HD / 16 k16 steps of 32 bytes, panel by panel); issued and committed, not waited for
+template <int HD>
+__device__ __forceinline__ void v6_issue_rowdot(float (&d)[32], uint32_t a, uint32_t b) {
+    wgmma_ss<64, 0>(d, v5_desc(a, 16, 1024), v5_desc(b, 16, 1024));
+#pragma unroll
+    for (int kk = 1; kk < HD / 16; kk++) {
+        const uint32_t off = (kk / 4) * 8192 + (kk % 4) * 32;
+        wgmma_ss<64, 1>(d, v5_desc(a + off, 16, 1024), v5_desc(b + off, 16, 1024));
+    }
+    wgmma_commit();
+}
+// acc (64 x HD, NP panels of 64 columns) += A (64 x 64, four k16 register fragments) * B, B = the
+// 64-row tile at b read N-major (k = its rows, 2048 bytes a k16 step; n = its columns, panel p)
+template <int NP>
+__device__ __forceinline__ void v6_issue_acc(float (&acc)[NP][32], const uint32_t (&a)[4][4], uint32_t b) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int p = 0; p < NP; p++) { wgmma_rs_n64(acc[p], a[kc], v5_desc(b + p * 8192 + kc * 2048, 8192, 1024)); }
+}
+// a 64 x 64 fp32 accumulator -> the four bf16 k16 A fragments (v5's pack)
+__device__ __forceinline__ void v6_pack(uint32_t (&a)[4][4], const float (&x)[32]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) { a[kc][r] = pack_bf16(x[8 * kc + 2 * r], x[8 * kc + 2 * r + 1]); }
+}
+// the ring's barriers: own (1), full[ST], empty[ST] (one arrival per consumer warp)
+__device__ __forceinline__ void v6_init_bars(uint64_t *own, int ST, int nwarps) {
+    mbar_init(own, 1);
+    for (int s = 0; s < ST; s++) { mbar_init(own + 1 + s, 1); mbar_init(own + 1 + ST + s, nwarps); }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
+
+// dK, dV (B, T, NKV, HD) bf16 for the block's BLK keys of kv head blockIdx.x; lse, D (B, NH, T).
+template <int HD, int NWG, bool OVL>
+__global__ void __launch_bounds__(V6Cfg<HD, NWG>::THREADS, 1)
+attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__ CUtensorMap tq,
+                                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                                     const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dd,
+                                     int T, int NH, int NKV, float scale, float sl2) {
+#ifdef V5_DEVICE
+    using C = V6Cfg<HD, NWG>;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
+    extern __shared__ unsigned char v6_smem[];
+    unsigned char *sK = v6_smem + ((1024 - (smem_u32(v6_smem) & 1023)) & 1023);
+    unsigned char *sV = sK + NWG * TILE, *sQ = sV + NWG * TILE, *sdO = sQ + ST * TILE;
+    float *sL = (float *)(sdO + ST * TILE), *sD = sL + ST * 64;
+    uint64_t *own = (uint64_t *)(sD + ST * 64), *full = own + 1, *empty = full + ST;
+    const int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;   // kv tile 0 (the most q tiles) first
+    const int G = NH / NKV, k0 = kb * C::BLK, i0 = k0 / 64, nq = T / 64 - i0, nit = G * nq;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
+    if (threadIdx.x == 0) { v6_init_bars(own, ST, 4 * NWG); }
+    __syncthreads();
+    // step it: query head kvh G + it / nq, q tile i0 + it % nq, into stage it % ST
+    auto load = [&](int it) {
+        const int s = it % ST, h = kvh * G + it / nq, qt0 = (i0 + it % nq) * 64;
+        mbar_expect_tx(full + s, 2 * TILE + 512);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sQ + s * TILE + p * 8192, &tq, full + s, h * HD + 64 * p, b * T + qt0);
+            tma_load_2d(sdO + s * TILE + p * 8192, &tdo, full + s, h * HD + 64 * p, b * T + qt0);
+        }
+        const size_t lo = ((size_t)b * NH + h) * T + qt0;
+        bulk_load_1d(sL + s * 64, lse + lo, 256, full + s);
+        bulk_load_1d(sD + s * 64, Dd + lo, 256, full + s);
+    };
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(own, 2 * NWG * TILE);
+        for (int w = 0; w < NWG; w++)
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(sK + w * TILE + p * 8192, &tk, own, kvh * HD + 64 * p, b * T + k0 + 64 * w);
+                tma_load_2d(sV + w * TILE + p * 8192, &tv, own, kvh * HD + 64 * p, b * T + k0 + 64 * w);
+            }
+        for (int it = 0; it < ST && it < nit; it++) { load(it); }
+    }
+    float dka[NP][32], dva[NP][32], st[32], dpt[32];
+    uint32_t pa[4][4], da[4][4];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dka[p][i] = 0.f; dva[p][i] = 0.f; }
+    const int kw0 = k0 + 64 * wg, key = kw0 + 16 * wl + g;   // this thread's keys: key, key + 8
+    const uint32_t kaddr = smem_u32(sK + wg * TILE), vaddr = smem_u32(sV + wg * TILE);
+    mbar_wait(own, 0);
+    __syncwarp();
+    auto active = [&](int it) { return (i0 + it % nq) * 64 + 63 >= kw0; };   // warpgroup-uniform: some query of
+                                                                            // q tile it sees some key of the warpgroup
+    // step it's data landed; S^T and dP^T issued (two commit groups), not waited for
+    auto issue_sd = [&](int it) {
+        const int s = it % ST;
+        mbar_wait(full + s, (it / ST) & 1);
+        __syncwarp();
+        if (active(it)) {
+            wgmma_fence();
+            v6_issue_rowdot<HD>(st, kaddr, smem_u32(sQ + s * TILE));
+            v6_issue_rowdot<HD>(dpt, vaddr, smem_u32(sdO + s * TILE));
+        }
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dka[p]); reg_fence(dva[p]); }
+        reg_fence_u(pa);
+        reg_fence_u(da);
+    };
+    // on issued S^T, dP^T of an active step: P^T, dS^T, then dV += P^T dO, dK += dS^T Q issued (one
+    // group), not waited for. The first wait also retires the previous step's dV, dK group (OVL).
+    auto finish = [&](int it) {
+        const int s = it % ST, qt0 = (i0 + it % nq) * 64;
+        const uint32_t qaddr = smem_u32(sQ + s * TILE), doaddr = smem_u32(sdO + s * TILE);
+        wgmma_wait<1>();   // S^T complete; dP^T may still run
+        reg_fence(st);
+        fence_acc();
+        const float *cL = sL + s * 64, *cD = sD + s * 64;
+        const bool mask = qt0 < kw0 + 63;   // some query of the tile precedes some key
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 L = *(const float2 *)(cL + 8 * i + 2 * t4);
+            const float L2[2] = {L.x * LOG2E, L.y * LOG2E};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(st[4 * i + e], sl2, -L2[e & 1]));
+                if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0.f; }
+                st[4 * i + e] = p;
+            }
+        }
+        wgmma_wait<0>();
+        reg_fence(dpt);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 D = *(const float2 *)(cD + 8 * i + 2 * t4);
+            const float Dv[2] = {D.x, D.y};
+#pragma unroll
+            for (int e = 0; e < 4; e++) { dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - Dv[e & 1]); }
+        }
+        v6_pack(pa, st);
+        v6_pack(da, dpt);
+        fence_acc();
+        wgmma_fence();
+        v6_issue_acc<NP>(dva, pa, doaddr);
+        v6_issue_acc<NP>(dka, da, qaddr);
+        wgmma_commit();
+    };
+    // every warp of the block done with stage it % ST: thread 0 refills it with step it + ST
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + it % ST); }
+        if (threadIdx.x == 0 && it + ST < nit) {
+            mbar_wait(empty + it % ST, (it / ST) & 1);
+            load(it + ST);
+        }
+        __syncwarp();
+    };
+    if (!OVL) {   // each step's products in turn
+        for (int it = 0; it < nit; it++) {
+            issue_sd(it);
+            if (active(it)) {
+                finish(it);
+                wgmma_wait<0>();
+                fence_acc();
+            }
+            release(it);
+        }
+    } else {      // step it + 1's S^T, dP^T issued behind step it's dV, dK
+        issue_sd(0);
+        for (int it = 0; it < nit; it++) {
+            if (active(it)) { finish(it); }   // retires step it - 1's dV, dK at its first wait
+            else { wgmma_wait<0>(); fence_acc(); }
+            if (it > 0) { release(it - 1); }
+            if (it + 1 < nit) { issue_sd(it + 1); }
+        }
+        wgmma_wait<0>();
+        fence_acc();
+    }
+    // o[p][4i + 2h + e] -> key key + 8h, column 64p + 8i + 2t + e
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const size_t ro = (((size_t)b * T + key + 8 * hh) * NKV + kvh) * HD;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int col = 64 * p + 8 * i + 2 * t4;
+                *(uint32_t *)(dk + ro + col) = pack_bf16(dka[p][4 * i + 2 * hh] * scale, dka[p][4 * i + 2 * hh + 1] * scale);
+                *(uint32_t *)(dv + ro + col) = pack_bf16(dva[p][4 * i + 2 * hh], dva[p][4 * i + 2 * hh + 1]);
+            }
+    }
+#else
+    __trap();   // built without sm_90a: the host never launches v6 then
+#endif
+}
+
+// dQ (B, T, NH, HD) bf16 for the block's BLK query rows of head blockIdx.x.
+template <int HD, int NWG, bool OVL>
+__global__ void __launch_bounds__(V6Cfg<HD, NWG>::THREADS, 1)
+attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap tq,
+                                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                                   const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dd,
+                                   int T, int NH, int NKV, float scale, float sl2) {
+#ifdef V5_DEVICE
+    using C = V6Cfg<HD, NWG>;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
+    extern __shared__ unsigned char v6_smem[];
+    unsigned char *sQ = v6_smem + ((1024 - (smem_u32(v6_smem) & 1023)) & 1023);
+    unsigned char *sdO = sQ + NWG * TILE, *sK = sdO + NWG * TILE, *sV = sK + ST * TILE;
+    uint64_t *own = (uint64_t *)(sV + ST * TILE), *full = own + 1, *empty = full + ST;
+    const int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;   // the last q tile first
+    const int kvh = h / (NH / NKV), q0 = qb * C::BLK, nkv = (q0 + C::BLK - 1) / 64 + 1;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
+    if (threadIdx.x == 0) { v6_init_bars(own, ST, 4 * NWG); }
+    __syncthreads();
+    auto load = [&](int j) {   // kv tile j into stage j % ST
+        const int s = j % ST;
+        mbar_expect_tx(full + s, 2 * TILE);
+        for (int p = 0; p < NP; p++) {
+            tma_load_2d(sK + s * TILE + p * 8192, &tk, full + s, kvh * HD + 64 * p, b * T + 64 * j);
+            tma_load_2d(sV + s * TILE + p * 8192, &tv, full + s, kvh * HD + 64 * p, b * T + 64 * j);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(own, 2 * NWG * TILE);
+        for (int w = 0; w < NWG; w++)
+            for (int p = 0; p < NP; p++) {
+                tma_load_2d(sQ + w * TILE + p * 8192, &tq, own, h * HD + 64 * p, b * T + q0 + 64 * w);
+                tma_load_2d(sdO + w * TILE + p * 8192, &tdo, own, h * HD + 64 * p, b * T + q0 + 64 * w);
+            }
+        for (int j = 0; j < ST && j < nkv; j++) { load(j); }
+    }
+    const int rq0 = q0 + 64 * wg, row = rq0 + 16 * wl + g;   // this thread's rows: row, row + 8
+    const float *Lr = lse + ((size_t)b * NH + h) * T + row, *Dr = Dd + ((size_t)b * NH + h) * T + row;
+    const float L2[2] = {Lr[0] * LOG2E, Lr[8] * LOG2E}, Dv[2] = {Dr[0], Dr[8]};
+    float dqa[NP][32], sc[32], dp[32];
+    uint32_t dsa[4][4];
+#pragma unroll
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dqa[p][i] = 0.f; }
+    const uint32_t qaddr = smem_u32(sQ + wg * TILE), doaddr = smem_u32(sdO + wg * TILE);
+    mbar_wait(own, 0);
+    __syncwarp();
+    auto active = [&](int j) { return 64 * j <= rq0 + 63; };   // warpgroup-uniform: some key visible to some row
+    auto issue_sd = [&](int j) {   // S = Q K^T, dP = dO V^T of kv tile j issued, not waited for
+        const int s = j % ST;
+        mbar_wait(full + s, (j / ST) & 1);
+        __syncwarp();
+        if (active(j)) {
+            wgmma_fence();
+            v6_issue_rowdot<HD>(sc, qaddr, smem_u32(sK + s * TILE));
+            v6_issue_rowdot<HD>(dp, doaddr, smem_u32(sV + s * TILE));
+        }
+    };
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dqa[p]); }
+        reg_fence_u(dsa);
+    };
+    auto finish = [&](int j) {   // P, dS, then dQ += dS K issued; the first wait retires the previous dQ group (OVL)
+        const int s = j % ST, kt0 = 64 * j;
+        wgmma_wait<1>();
+        reg_fence(sc);
+        fence_acc();
+        const bool mask = kt0 + 63 > rq0;   // the diagonal tile
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(sc[4 * i + e], sl2, -L2[e >> 1]));
+                if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0.f; }
+                sc[4 * i + e] = p;
+            }
+        wgmma_wait<0>();
+        reg_fence(dp);
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dp[i] = sc[i] * (dp[i] - Dv[(i >> 1) & 1]); }
+        v6_pack(dsa, dp);
+        fence_acc();
+        wgmma_fence();
+        v6_issue_acc<NP>(dqa, dsa, smem_u32(sK + s * TILE));
+        wgmma_commit();
+    };
+    auto release = [&](int j) {
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + j % ST); }
+        if (threadIdx.x == 0 && j + ST < nkv) {
+            mbar_wait(empty + j % ST, (j / ST) & 1);
+            load(j + ST);
+        }
+        __syncwarp();
+    };
+    if (!OVL) {
+        for (int j = 0; j < nkv; j++) {
+            issue_sd(j);
+            if (active(j)) {
+                finish(j);
+                wgmma_wait<0>();
+                fence_acc();
+            }
+            release(j);
+        }
+    } else {
+        issue_sd(0);
+        for (int j = 0; j < nkv; j++) {
+            if (active(j)) { finish(j); }
+            else { wgmma_wait<0>(); fence_acc(); }
+            if (j > 0) { release(j - 1); }
+            if (j + 1 < nkv) { issue_sd(j + 1); }
+        }
+        wgmma_wait<0>();
+        fence_acc();
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        bf16 *o = dq + (((size_t)b * T + row + 8 * hh) * NH + h) * HD;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                *(uint32_t *)(o + 64 * p + 8 * i + 2 * t4) =
+                    pack_bf16(dqa[p][4 * i + 2 * hh] * scale, dqa[p][4 * i + 2 * hh + 1] * scale);
+            }
+    }
+#else
+    __trap();
+#endif
+}
+
+// Host emulation of v6's operand layouts (run by --cpu-selftest), on v5's decoders (emu_kmajor,
+// emu_nmajor): whole blocks of both passes (variant 0: two warpgroups, HD 64 and 128) on small
+// integers, through the smem images TMA's swizzle makes of each 64-row tile, the kernels'
+// descriptors and step offsets, the accumulator layout, v6_pack's A fragments, the kernels'
+// column/row indexing of lse and D, their causal masks and skip conditions, and their epilogue
+// coordinates. exp2 is replaced by an exact integer stand-in (P = S + L), so dK, dV and dQ must
+// equal the direct causal products exactly; every output element must be written exactly once.
+struct V6Emu {
+    std::vector<int> smem;   // one int per bf16 slot
+    std::vector<int> hits;
+    explicit V6Emu(size_t bytes) : smem(bytes / 2, INT32_MIN), hits(bytes / 2, 0) {}
+    // TMA: rows [r0, r0 + 64) of src (row length HD) as HD/64 panels of 8 KB at base
+    void tma(const std::vector<int> &src, int HD, int r0, uint32_t base) {
+        for (int p = 0; p < HD / 64; p++)
+            for (int r = 0; r < 64; r++)
+                for (int c = 0; c < 64; c++) {
+                    const uint32_t a = base + p * 8192 + v5_swz(r, c);
+                    smem[a / 2] = src[(size_t)(r0 + r) * HD + 64 * p + c];
+                    hits[a / 2]++;
+                }
+    }
+    // v6_issue_rowdot: acc[thread][v] = sum over the head dimension, tiles at a (rows = M), b (rows = N)
+    void rowdot(double (*acc)[32], int HD, uint32_t a, uint32_t b) const {
+        for (int th = 0; th < 128; th++)
+            for (int v = 0; v < 32; v++) { acc[th][v] = 0; }
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t off = (kk / 4) * 8192 + (kk % 4) * 32;
+            const uint64_t da = v5_desc(a + off, 16, 1024), db = v5_desc(b + off, 16, 1024);
+            for (int th = 0; th < 128; th++)
+                for (int v = 0; v < 32; v++) {
+                    const int w = th / 32, lane = th % 32;
+                    const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
+                    for (int k = 0; k < 16; k++) {
+                        acc[th][v] += (double)smem[emu_kmajor(da, row, k) / 2] * smem[emu_kmajor(db, col, k) / 2];
+                    }
+                }
+        }
+    }
+    // v6_pack then v6_issue_acc: acc[thread][p][v] += A B, A = x (an accumulator) as fragments, B N-major at b
+    void accum(double (*acc)[2][32], int HD, const double (*x)[32], uint32_t b, int *bad) const {
+        for (int kc = 0; kc < 4; kc++) {
+            double A[64][16];
+            int cov[64][16] = {};
+            for (int th = 0; th < 128; th++)
+                for (int r = 0; r < 4; r++)
+                    for (int e = 0; e < 2; e++) {   // a[kc][r] = (x[8kc + 2r], x[8kc + 2r + 1])
+                        const int w = th / 32, lane = th % 32;
+                        const int row = 16 * w + lane / 4 + 8 * (r & 1), k = 8 * (r >> 1) + 2 * (lane % 4) + e;
+                        A[row][k] = x[th][8 * kc + 2 * r + e];
+                        cov[row][k]++;
+                    }
+            for (int r = 0; r < 64; r++)
+                for (int k = 0; k < 16; k++) { *bad += cov[r][k] != 1; }
+            for (int p = 0; p < HD / 64; p++) {
+                const uint64_t db = v5_desc(b + p * 8192 + kc * 2048, 8192, 1024);
+                for (int th = 0; th < 128; th++)
+                    for (int v = 0; v < 32; v++) {
+                        const int w = th / 32, lane = th % 32;
+                        const int row = 16 * w + lane / 4 + 8 * ((v >> 1) & 1), col = 8 * (v >> 2) + 2 * (lane % 4) + (v & 1);
+                        for (int k = 0; k < 16; k++) { acc[th][p][v] += A[row][k] * smem[emu_nmajor(db, k, col) / 2]; }
+                    }
+            }
+        }
+    }
+};
+
+template <int HD>
+static int v6_selftest_hd() {
+    typedef V6Cfg<HD, 2> C;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST, T = 192;   // one block of each pass, variant 0
+    int bad = 0;
+    std::vector<int> Q(T * HD), K(T * HD), V(T * HD), dO(T * HD), L(T), D(T);
+    for (auto *x : {&Q, &K, &V, &dO}) for (auto &y : *x) { y = (int)(rng_u64() % 5) - 2; }
+    for (int t = 0; t < T; t++) { L[t] = (int)(rng_u64() % 7) - 3; D[t] = (int)(rng_u64() % 7) - 3; }
+    auto S = [&](const std::vector<int> &A, int i, const std::vector<int> &B, int j) {
+        double x = 0;
+        for (int d = 0; d < HD; d++) { x += (double)A[i * HD + d] * B[j * HD + d]; }
+        return x;
+    };
+    static double acc1[128][32], acc2[128][32], o1[2][128][2][32], o2[2][128][2][32];
+    // ---- dk/dv block kb = 0: keys 0..127; smem offsets as in the kernel (base 0, 1024-aligned)
+    {
+        const uint32_t sK = 0, sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sdO = sQ + ST * TILE;
+        V6Emu em(sdO + ST * TILE);
+        for (int w = 0; w < 2; w++) { em.tma(K, HD, 64 * w, sK + w * TILE); em.tma(V, HD, 64 * w, sV + w * TILE); }
+        memset(o1, 0, sizeof o1); memset(o2, 0, sizeof o2);   // o1 = dK, o2 = dV
+        const int k0 = 0, i0 = k0 / 64, nq = T / 64 - i0;
+        for (int it = 0; it < nq; it++) {   // one head
+            const int s = it % ST, qt0 = (i0 + it % nq) * 64;
+            std::fill(em.hits.begin() + (sQ + s * TILE) / 2, em.hits.begin() + (sdO + ST * TILE) / 2, 0);
+            em.tma(Q, HD, qt0, sQ + s * TILE); em.tma(dO, HD, qt0, sdO + s * TILE);
+            for (int wg = 0; wg < 2; wg++) {
+                const int kw0 = k0 + 64 * wg;
+                if (!(qt0 + 63 >= kw0)) { continue; }
+                em.rowdot(acc1, HD, sK + wg * TILE, sQ + s * TILE);   // S^T
+                em.rowdot(acc2, HD, sV + wg * TILE, sdO + s * TILE);  // dP^T
+                const bool mask = qt0 < kw0 + 63;
+                for (int th = 0; th < 128; th++) {
+                    const int wl = th / 32, g = th % 32 / 4, t4 = th % 4, key = kw0 + 16 * wl + g;
+                    for (int i = 0; i < 8; i++)
+                        for (int e = 0; e < 4; e++) {
+                            const int c = 8 * i + 2 * t4 + (e & 1);   // the kernel's cL / cD index
+                            double p = acc1[th][4 * i + e] + L[qt0 + c];
+                            if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0; }
+                            acc1[th][4 * i + e] = p;
+                            acc2[th][4 * i + e] = p * (acc2[th][4 * i + e] - D[qt0 + c]);
+                        }
+                }
+                em.accum(o2[wg], HD, acc1, sdO + s * TILE, &bad);
+                em.accum(o1[wg], HD, acc2, sQ + s * TILE, &bad);
+            }
+        }
+        for (int x : em.hits) { bad += x > 1; }
+        std::vector<int> cov(128 * HD, 0);
+        for (int wg = 0; wg < 2; wg++)
+            for (int th = 0; th < 128; th++)
+                for (int hh = 0; hh < 2; hh++)
+                    for (int p = 0; p < NP; p++)
+                        for (int i = 0; i < 8; i++)
+                            for (int e = 0; e < 2; e++) {
+                                const int key = 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
+                                const int col = 64 * p + 8 * i + 2 * (th % 4) + e;
+                                cov[key * HD + col]++;
+                                double rk = 0, rv = 0;
+                                for (int q = key; q < T; q++) {
+                                    const double p_ = S(K, key, Q, q) + L[q];
+                                    rv += p_ * dO[q * HD + col];
+                                    rk += p_ * (S(V, key, dO, q) - D[q]) * Q[q * HD + col];
+                                }
+                                bad += o1[wg][th][p][4 * i + 2 * hh + e] != rk;
+                                bad += o2[wg][th][p][4 * i + 2 * hh + e] != rv;
+                            }
+        for (int x : cov) { bad += x != 1; }
+    }
+    const int bad_dkdv = bad;
+    // ---- dq block q0 = 0: rows 0..127, kv tiles 0 and 1
+    {
+        const uint32_t sQ = 0, sdO = sQ + 2 * TILE, sK = sdO + 2 * TILE, sV = sK + ST * TILE;
+        V6Emu em(sV + ST * TILE);
+        for (int w = 0; w < 2; w++) { em.tma(Q, HD, 64 * w, sQ + w * TILE); em.tma(dO, HD, 64 * w, sdO + w * TILE); }
+        memset(o1, 0, sizeof o1);
+        const int q0 = 0, nkv = (q0 + 127) / 64 + 1;
+        for (int j = 0; j < nkv; j++) {
+            const int s = j % ST, kt0 = 64 * j;
+            em.tma(K, HD, kt0, sK + s * TILE); em.tma(V, HD, kt0, sV + s * TILE);
+            for (int wg = 0; wg < 2; wg++) {
+                const int rq0 = q0 + 64 * wg;
+                if (!(kt0 <= rq0 + 63)) { continue; }
+                em.rowdot(acc1, HD, sQ + wg * TILE, sK + s * TILE);
+                em.rowdot(acc2, HD, sdO + wg * TILE, sV + s * TILE);
+                const bool mask = kt0 + 63 > rq0;
+                for (int th = 0; th < 128; th++) {
+                    const int row = rq0 + 16 * (th / 32) + th % 32 / 4, t4 = th % 4;
+                    for (int i = 0; i < 8; i++)
+                        for (int e = 0; e < 4; e++) {
+                            double p = acc1[th][4 * i + e] + L[row + 8 * (e >> 1)];
+                            if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0; }
+                            acc1[th][4 * i + e] = p;
+                        }
+                    for (int i = 0; i < 32; i++) { acc2[th][i] = acc1[th][i] * (acc2[th][i] - D[row + 8 * ((i >> 1) & 1)]); }
+                }
+                em.accum(o1[wg], HD, acc2, sK + s * TILE, &bad);
+            }
+        }
+        std::vector<int> cov(128 * HD, 0);
+        for (int wg = 0; wg < 2; wg++)
+            for (int th = 0; th < 128; th++)
+                for (int hh = 0; hh < 2; hh++)
+                    for (int p = 0; p < NP; p++)
+                        for (int i = 0; i < 8; i++)
+                            for (int e = 0; e < 2; e++) {
+                                const int row = 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
+                                const int col = 64 * p + 8 * i + 2 * (th % 4) + e;
+                                cov[row * HD + col]++;
+                                double r = 0;
+                                for (int k = 0; k <= row; k++) {
+                                    r += (S(Q, row, K, k) + L[row]) * (S(dO, row, V, k) - D[row]) * K[k * HD + col];
+                                }
+                                bad += o1[wg][th][p][4 * i + 2 * hh + e] != r;
+                            }
+        for (int x : cov) { bad += x != 1; }
+    }
+    bad += (C::DKDV_SMEM > 227 * 1024) || (C::DQ_SMEM > 227 * 1024) || (C::TILE % 1024);
+    printf("v6 emulation HD=%d (dk/dv and dq blocks: TMA tiles, K-/N-major descriptors, transposed products, "
+           "register A fragments, masks, lse/D indexing, epilogue coordinates): %s (dk/dv errors %d, total %d)\n",
+           HD, bad ? "FAIL" : "ok", bad_dkdv, bad);
+    return bad ? 1 : 0;
+}
+static int v6_selftest() { return v6_selftest_hd<64>() + v6_selftest_hd<128>(); }
+
+// ----------------------------------------------------------------------------
 // host: launchers and dispatch
 
 struct Bufs {
@@ -2374,6 +2951,23 @@ static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn() {
     }
     return fn;
 }
+// A 2D map over B*T rows of cols bf16 (v6: T % 128 == 0, so a tile never crosses a batch),
+// boxes of 64 columns x box_rows rows in the 128-byte swizzle.
+static CUtensorMap make_tmap_2d(const bf16 *base, size_t cols, size_t rows, int box_rows) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
+    const CUresult r = tmap_encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "v6: cuTensorMapEncodeTiled failed (CUresult %d) for %zu x %zu bf16, box 64 x %d\n", (int)r, rows,
+                cols, box_rows);
+        exit(1);
+    }
+    return m;
+}
+
 static CUtensorMap make_tmap_3d(const bf16 *base, size_t cols, size_t T, size_t B, int box_rows) {
     CUtensorMap m;
     const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)T, (cuuint64_t)B};
@@ -2469,21 +3063,81 @@ struct V5 {
     static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); }
 };
 
-static const int NVERSIONS = 5;
+// v6: v5's forward (variant 0) and the wgmma backward: prep + attention_backward_dkdv_wgmma_kernel +
+// attention_backward_dq_wgmma_kernel. Tensor maps of q, dout (B*T rows of NH*HD) and k, v (B*T rows
+// of NKV*HD), boxes of 64 columns x 64 rows; made once per (buffers, shape). Variants (--variant K
+// with --version 6): 0 = two warpgroups a block (128 keys or query rows), 1 = one (64), both with each
+// step's products in turn; 2 = 0 with the next step's S, dP issued behind this step's accumulation.
+static const int V6_NVARIANTS = 3;
+static const char *v6_variant_name[V6_NVARIANTS] = {"2 warpgroups a block (128 keys / query rows), serial steps",
+                                                    "1 warpgroup a block (64 keys / query rows), serial steps",
+                                                    "2 warpgroups a block, next S/dP issued behind dK/dV (dQ)"};
+template <int HD>
+struct V6 {
+    template <int NWG, bool OVL>
+    static void launch(const Shape &s, const Bufs &d, const CUtensorMap (&tm)[4]) {
+        typedef V6Cfg<HD, NWG> C;
+        auto kdkdv = attention_backward_dkdv_wgmma_kernel<HD, NWG, OVL>;
+        auto kdq = attention_backward_dq_wgmma_kernel<HD, NWG, OVL>;
+        static bool init = false;
+        if (!init) { set_smem(kdkdv, C::DKDV_SMEM); set_smem(kdq, C::DQ_SMEM); init = true; }
+        const float scale = 1.f / sqrtf((float)HD), sl2 = scale * LOG2E;
+        backward_prep<HD>(s, d);
+        kdkdv<<<dim3(s.NKV, s.B, s.T / C::BLK), C::THREADS, C::DKDV_SMEM>>>(d.dk, d.dv, tm[0], tm[1], tm[2], tm[3],
+                                                                          d.lse, d.D, s.T, s.NH, s.NKV, scale, sl2);
+        char what[64];
+        snprintf(what, sizeof what, "attention_backward_dkdv_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
+        launch_check(what);
+        kdq<<<dim3(s.NH, s.B, s.T / C::BLK), C::THREADS, C::DQ_SMEM>>>(d.dq, tm[0], tm[1], tm[2], tm[3], d.lse, d.D,
+                                                                     s.T, s.NH, s.NKV, scale, sl2);
+        snprintf(what, sizeof what, "attention_backward_dq_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
+        launch_check(what);
+    }
+    static void backward(const Shape &s, const Bufs &d, int var) {
+        static const void *key[4] = {};
+        static Shape ks = {0, 0, 0, 0, 0};
+        static CUtensorMap tm[4];   // q, k, v, dout
+        if (key[0] != d.q || key[1] != d.k || key[2] != d.v || key[3] != d.dout || memcmp(&ks, &s, sizeof s)) {
+            tm[0] = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, 64);
+            tm[1] = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, 64);
+            tm[2] = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, 64);
+            tm[3] = make_tmap_2d(d.dout, (size_t)s.NH * HD, (size_t)s.B * s.T, 64);
+            key[0] = d.q; key[1] = d.k; key[2] = d.v; key[3] = d.dout; ks = s;
+        }
+        if (var == 0) { launch<2, false>(s, d, tm); }
+        else if (var == 1) { launch<1, false>(s, d, tm); }
+        else { launch<2, true>(s, d, tm); }
+    }
+    template <int NWG, bool OVL>
+    static void info1() {
+        char tag[16];
+        snprintf(tag, sizeof tag, "v6.%d", OVL ? 2 : NWG == 2 ? 0 : 1);
+        typedef V6Cfg<HD, NWG> C;
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dkdv",
+                                                 (const void *)attention_backward_dkdv_wgmma_kernel<HD, NWG, OVL>,
+                                                 C::THREADS, C::DKDV_SMEM);
+        Flash<HD, 4, 64, 64, true>::forward_info(tag, "dq", (const void *)attention_backward_dq_wgmma_kernel<HD, NWG, OVL>,
+                                                 C::THREADS, C::DQ_SMEM);
+    }
+    static void info() { info1<2, false>(); info1<1, false>(); info1<2, true>(); }
+};
+
+static const int NVERSIONS = 6;
 static const char *version_name[NVERSIONS + 1] = {"", "v1 warp-per-row fp32", "v2 flash mma.sync 4 warps",
                                                   "v3 flash mma.sync 8 warps",
                                                   "v4 v3 fwd + fused bwd (ordered fp32 dQ)",
-                                                  "v5 fwd wgmma + TMA + mbarrier pipeline (v2 bwd)"};
+                                                  "v5 fwd wgmma + TMA + mbarrier pipeline (v2 bwd)",
+                                                  "v6 bwd wgmma + TMA, split dk/dv + dq (v5.0 fwd)"};
 
 // the version's constraints on the shape, or NULL
 static const char *unsupported(int ver, const Shape &s) {
     if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
     if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
-    if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
+    if ((ver == 2 || ver == 3 || ver == 6) && s.T % 128) { return "T must be a multiple of 128"; }
     // v5: variant 2 (the trainer's) takes any T; the others are checked at T % 128 == 0 only
     if (ver == 5 && g_variant != 2 && s.T % 128) { return "T must be a multiple of 128 (v5 variants 0, 1, 3)"; }
-    if (ver == 5) { return v5_device_unsupported(); }
+    if (ver == 5 || ver == 6) { return v5_device_unsupported(); }
     return NULL;
 }
 
@@ -2492,6 +3146,7 @@ static void run_forward(int ver, const Shape &s, const Bufs &d) {
     else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
     else if (ver == 3) { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
     else if (ver == 5) { s.HD == 64 ? V5<64>::forward(s, d, g_variant) : V5<128>::forward(s, d, g_variant); }
+    else if (ver == 6) { s.HD == 64 ? V5<64>::forward(s, d, 0) : V5<128>::forward(s, d, 0); }
     else { forward_v4(s, d); }
 }
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
@@ -2500,6 +3155,7 @@ static void run_backward(int ver, const Shape &s, const Bufs &d) {
     else if (ver == 2 || (ver == 5 && s.T % 128 == 0)) { s.HD == 64 ? V2_64::backward(s, d) : V2_128::backward(s, d); }
     else if (ver == 5) { s.HD == 64 ? backward_v1<2>(s, d) : backward_v1<4>(s, d); }   // the lab's v2 takes no tails
     else if (ver == 3) { s.HD == 64 ? V3_64::backward(s, d) : V3_128::backward(s, d); }
+    else if (ver == 6) { s.HD == 64 ? V6<64>::backward(s, d, g_variant) : V6<128>::backward(s, d, g_variant); }
     else { backward_v4(s, d); }
 }
 
@@ -2614,6 +3270,24 @@ static bool check_version(int ver, Shape s, double qsd) {
         e2o = rel_err_bf16(go[0], o2d, &fin2);
         e2l = rel_err_f32(gl[0], l2d, &fin2);
     }
+    // v6 against v2's backward on the same inputs and the same out, lse (v5's forward): dq, dk, dv
+    double e2q = 0, e2k = 0, e2v = 0;
+    if (ver == 6) {
+        std::vector<uint16_t> q2, k2, v2;
+        cudaCheck(cudaMemset(d.dq, 0xff, nq * 2)); cudaCheck(cudaMemset(d.dk, 0xff, nk * 2));
+        cudaCheck(cudaMemset(d.dv, 0xff, nk * 2)); cudaCheck(cudaMemset(d.D, 0xff, nl * 4));
+        run_backward(2, s, d);
+        cudaCheck(cudaDeviceSynchronize());
+        download(q2, d.dq, nq); download(k2, d.dk, nk); download(v2, d.dv, nk);
+        std::vector<double> q2d(nq), k2d(nk), v2d(nk);
+        for (size_t i = 0; i < nq; i++) { q2d[i] = bf2f(q2[i]); }
+        for (size_t i = 0; i < nk; i++) { k2d[i] = bf2f(k2[i]); v2d[i] = bf2f(v2[i]); }
+        bool fin2 = true;
+        e2q = rel_err_bf16(gdq[0], q2d, &fin2);
+        e2k = rel_err_bf16(gdk[0], k2d, &fin2);
+        e2v = rel_err_bf16(gdv[0], v2d, &fin2);
+        if (!fin2) { e2q = NAN; }   // v2 itself not finite: fails below
+    }
     free_bufs(d);
     bool finite = true;
     const double eo = rel_err_bf16(go[0], out, &finite), el = rel_err_f32(gl[0], lse, &finite);
@@ -2625,10 +3299,11 @@ static bool check_version(int ver, Shape s, double qsd) {
                       (gdq32[0].empty() || !memcmp(gdq32[0].data(), gdq32[1].data(), gdq32[0].size() * sizeof(float)));
     const double tol = 1e-2;
     const bool ok = finite && same && counters_zero && eo < tol && el < 1e-4 && eq < tol && ek < tol && ev < tol &&
-                    e2o < tol && e2l < 1e-4;
-    char tag[64] = "";
+                    e2o < tol && e2l < 1e-4 && e2q < tol && e2k < tol && e2v < tol;
+    char tag[96] = "";
     if (ver == 4) { snprintf(tag, sizeof tag, ".%d", g_variant); }
     if (ver == 5) { snprintf(tag, sizeof tag, ".%d (vs v2 fwd: out %.2e lse %.2e)", g_variant, e2o, e2l); }
+    if (ver == 6) { snprintf(tag, sizeof tag, ".%d (vs v2 bwd: dq %.2e dk %.2e dv %.2e)", g_variant, e2q, e2k, e2v); }
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq%s %.2e dk %.2e dv %.2e | %s | "
            "repeat %s%s | %s\n", ver, tag, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, dq_fp32 ? "(fp32)" : "", eq, ek, ev,
            finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
@@ -2715,7 +3390,7 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, ver == 5 ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : g_variant == 2 ? ".2" : ".3") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+           "(min %.3f max %.3f), %d reps\n", ver, (ver == 5 || ver == 6) ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : g_variant == 2 ? ".2" : ".3") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -2732,7 +3407,7 @@ static void print_table(const std::vector<BenchRow> &rows) {
         snprintf(sh, sizeof sh, "%d,%d,%d,%d,%d", r.s.B, r.s.T, r.s.NH, r.s.NKV, r.s.HD);
         const double ft = ffl / (r.fwd_ms * 1e-3) / 1e12, bt = bfl / (r.bwd_ms * 1e-3) / 1e12;
         char id[16];
-        if (r.ver == 5) { snprintf(id, sizeof id, "v5.%d", r.var); } else { snprintf(id, sizeof id, "v%d", r.ver); }
+        if (r.ver == 5 || r.ver == 6) { snprintf(id, sizeof id, "v%d.%d", r.ver, r.var); } else { snprintf(id, sizeof id, "v%d", r.ver); }
         printf("%-4s %-22s | %9.3f %8.1f %5.1f%% | %9.3f %8.1f %5.1f%% | %.3f/%.3f, %.3f/%.3f\n", id, sh, r.fwd_ms,
                ft, 100 * ft / PEAK_TFLOPS, r.bwd_ms, bt, 100 * bt / PEAK_TFLOPS, ffl / PEAK_TFLOPS / 1e9,
                bfl / PEAK_TFLOPS / 1e9, fby / PEAK_TBS / 1e9, bby / PEAK_TBS / 1e9);
@@ -2781,7 +3456,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
     printf("%-5s | %-58s | %s | %7s %7s %6s\n", "cfg", "what", "bwd ms per pass", "best", "TFLOP/s", "vs v2");
     for (size_t c = 0; c < cfgs.size(); c++) {
         char id[16];
-        if (cfgs[c].ver == 4) { snprintf(id, sizeof id, "v4.%d", cfgs[c].var); } else { snprintf(id, sizeof id, "v%d", cfgs[c].ver); }
+        if (cfgs[c].ver == 4 || cfgs[c].ver == 6) { snprintf(id, sizeof id, "v%d.%d", cfgs[c].ver, cfgs[c].var); } else { snprintf(id, sizeof id, "v%d", cfgs[c].ver); }
         const char *what = cfgs[c].ver == 4 ? v4_variants[cfgs[c].var].name : version_name[cfgs[c].ver];
         if (med[c].empty()) { printf("%-5s | %-58.58s | skipped\n", id, what); continue; }
         const double best = *std::min_element(med[c].begin(), med[c].end());
@@ -2796,7 +3471,7 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 (0-9) or v5 (0-3) variants for --check/--bench (default 0)\n"
+                    "                 [--variant K[,K...]]   v4 (0-9), v5 (0-3) or v6 (0-2) variants for --check/--bench (default 0)\n"
                     "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
     exit(2);
 }
@@ -2856,8 +3531,15 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    for (int x : variants) {
+        if (x >= V6_NVARIANTS && std::find(vers.begin(), vers.end(), 6) != vers.end()) {
+            fprintf(stderr, "--variant %d: v6 has variants 0..%d; pass one of them with --version 6\n", x, V6_NVARIANTS - 1);
+            return 2;
+        }
+    }
     for (const Cfg &c : blist) {
-        if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 || c.var >= (c.ver == 5 ? V5_NVARIANTS : NVARIANTS)) { usage(); }
+        if (c.ver < 1 || c.ver > NVERSIONS || c.var < 0 ||
+            c.var >= (c.ver == 5 ? V5_NVARIANTS : c.ver == 6 ? V6_NVARIANTS : NVARIANTS)) { usage(); }
     }
     if (!blist.empty()) {
         cudaDeviceProp prop;
@@ -2871,7 +3553,11 @@ int main(int argc, char **argv) {
                 V2_64::forward_info(tag, "bwd", v4_variants[c.var].kern, 128, v4_smem());
             }
         }
-        bench_list(blist, have_shape ? user : Shape{16, 2048, 8, 4, 64}, reps, rounds);
+        const Shape bs = have_shape ? user : Shape{16, 2048, 8, 4, 64};
+        if (std::any_of(blist.begin(), blist.end(), [](const Cfg &c) { return c.ver == 6; })) {
+            bs.HD == 128 ? V6<128>::info() : V6<64>::info();
+        }
+        bench_list(blist, bs, reps, rounds);
         return 0;
     }
     if (all) { vers.clear(); for (int x = 1; x <= NVERSIONS; x++) { vers.push_back(x); } }
@@ -2890,12 +3576,21 @@ int main(int argc, char **argv) {
     bool ok = true;
     std::vector<std::pair<int, int>> failed;   // (version, variant) that failed --check: never timed
     auto has = [&](int x) { return std::find(vers.begin(), vers.end(), x) != vers.end(); };
-    if (has(5) && v5_device_unsupported()) {   // one line, then every other version as usual
-        printf("v5 skipped: %s\n", v5_device_unsupported());
-        vers.erase(std::find(vers.begin(), vers.end(), 5));
-        if (vers.empty()) { return 0; }
+    for (int x : {5, 6}) {
+        if (has(x) && v5_device_unsupported()) {   // one line, then every other version as usual
+            printf("v%d skipped: %s\n", x, v5_device_unsupported());
+            vers.erase(std::find(vers.begin(), vers.end(), x));
+            if (vers.empty()) { return 0; }
+        }
     }
-    auto variant_list = [&](int x) { return (x == 4 || x == 5) ? variants : std::vector<int>{0}; };
+    // --variant applies to v4, v5 and v6; with several of them, each takes the values in its range
+    auto variant_list = [&](int x) {
+        if (x != 4 && x != 5 && x != 6) { return std::vector<int>{0}; }
+        const int n = x == 5 ? V5_NVARIANTS : x == 6 ? V6_NVARIANTS : NVARIANTS;
+        std::vector<int> r;
+        for (int v : variants) { if (v < n) { r.push_back(v); } }
+        return r;
+    };
     if (do_check) {
         sync_launches = true;   // attribute an execution error to its kernel
         for (int x : vers)
@@ -2905,6 +3600,8 @@ int main(int argc, char **argv) {
                     if (v4_variants[var].timing_only) { printf("variant %d: timing-only ablation, not checked\n", var); continue; }
                 } else if (x == 5) {
                     printf("--- check %s, variant %d: %s\n", version_name[x], var, v5_variant_name[var]);
+                } else if (x == 6) {
+                    printf("--- check %s, variant %d: %s\n", version_name[x], var, v6_variant_name[var]);
                 } else {
                     printf("--- check %s\n", version_name[x]);
                 }
@@ -2927,6 +3624,7 @@ int main(int argc, char **argv) {
         if (has(3)) { V3_64::info("v3"); V3_128::info("v3"); }
         if (has(4)) { V2_64::forward_info("v4", "bwd", v4_variants[variants[0]].kern, 128, v4_smem()); }
         if (has(5)) { V5<64>::info(); V5<128>::info(); }
+        if (has(6)) { V6<64>::info(); V6<128>::info(); }
         std::vector<BenchRow> rows;
         for (const Shape &s : shapes)
             for (int x : vers)

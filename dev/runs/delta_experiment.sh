@@ -49,7 +49,7 @@ if [ "${1:-}" = --report ]; then
         summary_line "control (-r std -init_from)" "$RESULTS/control/log.txt" "$steps"
         summary_line "delta (-r delta -H 8 -S 8 -init_from)" "$RESULTS/delta/log.txt" "$steps"
         echo
-        awk 'FNR == 1 {f++} $3 == "val_loss" {v[f] = $4; if (f == 1) s1 = $2} END {
+        awk 'FNR == 1 {f++} $3 == "val_loss" {v[f] = $4} END {
             printf "delta - control, final val loss: %+.4f (negative: the conversion helps)\n", v[2] - v[1]}' \
             "$RESULTS/control/log.txt" "$RESULTS/delta/log.txt"
     } > "$RESULTS/summary.md.tmp"
@@ -61,13 +61,9 @@ if [ "${1:-}" = --report ]; then
 import sys, matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-def val(path):
-    out = {}
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 4 and f[0] == "step" and f[2] == "val_loss": out[int(f[1])] = float(f[3])
-    return out
-c, d = val(sys.argv[1] + "/control/log.txt"), val(sys.argv[1] + "/delta/log.txt")
+sys.path.insert(0, "dev")
+from plot_loss import read_log   # (train, val) of a trainer log, as (step, loss) lists
+c, d = (dict(read_log(sys.argv[1] + f"/{r}/log.txt")[1]) for r in ("control", "delta"))
 steps = sorted(set(c) & set(d))
 fig, ax = plt.subplots(figsize=(8, 4.5))
 ax.plot(steps, [d[s] - c[s] for s in steps], "o-", color="tab:orange")

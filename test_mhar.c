@@ -890,7 +890,8 @@ static Config gpu_flash_config(int HD, int NH, int NKV, int T) {
 
 // The configs above have C = 32 and 256: in the bf16 build every routing kernel then
 // runs with one chunk of 256 channels a warp (NCH = 1). These reach the layouts of the
-// real models: C = 512 with H = 8 (NCH = 2, heads of 64 channels: the 100M layout),
+// real models: C = 512 with H = 8 (NCH = 2, heads of 64 channels: the 100M layout; H = 4 and
+// H = 16, heads of 128 and 32 channels, the study's other widths),
 // and C = 1024 with H = 1 (NCH = 4, one head over all four chunks: the path where a
 // head's sums add the chunks of its group). L = 2 (5 sites, so the grouped forward
 // makes groups), HD = 64 (flash attention in bf16), T = 64. gpu_layout_config_L: L
@@ -956,6 +957,70 @@ static void gpu_test_inputs(const Config *cfg, uint64_t *rng, int **in, int **tg
     gpu_test_params(m, 4321);
     *pf = (float *)malloc_check(m->nparams * sizeof(float));
     for (size_t i = 0; i < m->nparams; i++) { (*pf)[i] = (float)m->params_mem[i]; m->params_mem[i] = (*pf)[i]; }
+}
+
+// ----------------------------------------------------------------------------
+// Causality: the logits at position t of a sequence depend on tokens 0..t of that sequence
+// only. Two perturbations of a batch of B sequences: (a) every token at positions >= t0 of every
+// sequence replaced, (b) every token of sequence 0 replaced. The logits of (a) at positions < t0
+// and of (b) in sequences 1..B-1 must equal the unperturbed batch's exactly: every op but
+// attention is per position, attention's masked products add exact zeros, and no row's
+// arithmetic depends on another row's values (on the GPU too: kernels and their reduction
+// orders are chosen by shape alone). A routing or attention kernel that read another
+// position, even in a few tiles of a large batch, would let training read the future.
+
+// in2 = in with perturbation which (0: positions >= t0 of every sequence, 1: sequence 0)
+static void causal_perturb(int *in2, const int *in, int B, int T, int t0, int which, int V, uint64_t *rng) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            size_t i = (size_t)b * T + t;
+            int change = which == 0 ? t >= t0 : b == 0;
+            in2[i] = change ? (int)((in[i] + 1 + rng_u32(rng) % (uint32_t)(V - 1)) % (uint32_t)V) : in[i];
+        }
+    }
+}
+
+// positions whose logits must not have moved under perturbation which, and differ
+static size_t causal_mismatches(const float *l1, const float *l2, int B, int T, int V, int t0, int which) {
+    size_t bad = 0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            if (which == 0 ? t >= t0 : b == 0) { continue; }
+            const float *x = l1 + ((size_t)b * T + t) * V, *y = l2 + ((size_t)b * T + t) * V;
+            for (int i = 0; i < V; i++) {
+                if (!(x[i] == y[i])) { bad++; break; }
+            }
+        }
+    }
+    return bad;
+}
+
+static void check_causal(const char *name, Config cfg) {
+    int B = 3, T = cfg.T, t0 = T / 2 + 1;
+    size_t N = (size_t)B * T;
+    uint64_t rng = 77;
+    int *in = (int *)malloc_check(N * sizeof(int)), *in2 = (int *)malloc_check(N * sizeof(int));
+    int *tg = (int *)malloc_check(N * sizeof(int));
+    float *l1 = (float *)malloc_check(N * cfg.V * sizeof(float)), *l2 = (float *)malloc_check(N * cfg.V * sizeof(float));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    Model m;
+    model_build(&m, &cfg, 42, 0.02f);
+    gpu_test_params(&m, 99);   // moderate parameters: every path carries signal
+    model_forward(&m, in, tg, B, T, 0);
+    for (size_t i = 0; i < N * cfg.V; i++) { l1[i] = (float)m.acts.logits[i]; }
+    size_t bad[2];
+    for (int which = 0; which < 2; which++) {
+        causal_perturb(in2, in, B, T, t0, which, cfg.V, &rng);
+        model_forward(&m, in2, tg, B, T, 0);
+        for (size_t i = 0; i < N * cfg.V; i++) { l2[i] = (float)m.acts.logits[i]; }
+        bad[which] = causal_mismatches(l1, l2, B, T, cfg.V, t0, which);
+    }
+    check(bad[0] == 0 && bad[1] == 0,
+          "causal %-12s logits before position %d unchanged by later tokens: %zu rows moved; other sequences unchanged by sequence 0: %zu rows moved",
+          name, t0, bad[0], bad[1]);
+    model_free(&m);
+    free(in); free(in2); free(tg); free(l1); free(l2);
 }
 
 #ifdef MHAR_GPU
@@ -1090,6 +1155,49 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
     P->free(g);
     model_free(&c);
     free(pf); free(glogits); free(ggrads); free(in); free(tg);
+}
+
+// Causality on the GPU (check_causal's test): B sequences of cfg.T tokens, logits from the
+// trainer's forward (forward_backward's copy) of the batch and of its two perturbations
+static void check_gpu_causal(const char *name, Config cfg, const GpuPrecision *P, int B) {
+    int T = cfg.T, t0 = T / 2 + 37 < T ? T / 2 + 37 : T / 2 + 1;   // not a multiple of any tile
+    size_t N = (size_t)B * T;
+    uint64_t rng = 78;
+    int *in = (int *)malloc_check(N * sizeof(int)), *in2 = (int *)malloc_check(N * sizeof(int));
+    int *tg = (int *)malloc_check(N * sizeof(int));
+    float *l1 = (float *)malloc_check(N * cfg.V * sizeof(float)), *l2 = (float *)malloc_check(N * cfg.V * sizeof(float));
+    random_tokens(in, N, cfg.V, &rng);
+    random_tokens(tg, N, cfg.V, &rng);
+    Model m;
+    model_build(&m, &cfg, 42, 0.02f);
+    gpu_test_params(&m, 99);
+    float *pf = (float *)malloc_check(m.nparams * sizeof(float));
+    for (size_t i = 0; i < m.nparams; i++) { pf[i] = (float)m.params_mem[i]; }
+    model_free(&m);
+    void *g = P->create(&cfg, pf, B, T);
+    P->forward_backward(g, in, tg, B, T, l1, NULL);
+    size_t bad[2];
+    for (int which = 0; which < 2; which++) {
+        causal_perturb(in2, in, B, T, t0, which, cfg.V, &rng);
+        P->forward_backward(g, in2, tg, B, T, l2, NULL);
+        bad[which] = causal_mismatches(l1, l2, B, T, cfg.V, t0, which);
+    }
+    check(bad[0] == 0 && bad[1] == 0,
+          "GPU %s causal %-16s B=%d T=%d: logits before position %d unchanged by later tokens: %zu rows moved; other sequences unchanged by sequence 0: %zu rows moved",
+          P->name, name, B, T, t0, bad[0], bad[1]);
+    P->free(g);
+    free(pf); free(in); free(in2); free(tg); free(l1); free(l2);
+}
+
+// The 100M shape of the study (dev/runs/study_matrix.txt: L12 C512 NH8 NKV4 F1536 T2048, B=16)
+// with a small vocabulary (the head is per position; 512 keeps the logits copied back small)
+static Config gpu_study_config(int mode, int H, int S, int n) {
+    Config c;
+    memset(&c, 0, sizeof(c));
+    c.V = 512; c.T = 2048; c.L = 12; c.C = 512; c.NH = 8; c.NKV = 4; c.F = 1536;
+    c.mode = mode; c.H = H; c.S = S; c.n = n;
+    config_finalize(&c, "gpu study-shape test");
+    return c;
 }
 
 // The GPU trainer binaries, run as subprocesses on the learnable data of section 3, in the
@@ -1353,6 +1461,8 @@ static void check_gpu(void) {
         {"HD=64 T=150", gpu_flash_config(64, 4, 2, 150), 0, 5, 2, 0},   // whole and partial tiles
         {"HD=128 T=150", gpu_flash_config(128, 2, 1, 150), 0, 5, 2, 0},
         {"C=512 H=8", gpu_layout_config(512, 8), 0, 2, 0, 0},
+        {"C=512 H=4", gpu_layout_config(512, 4), 0, 2, 0, 0},     // heads of 128 channels (the study's H=4)
+        {"C=512 H=16", gpu_layout_config(512, 16), 0, 2, 0, 0},   // heads of 32 channels (H=16)
         {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0, 0},
         {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0, 0},
         {"hc C=512 n=4", gpu_hc_config(gpu_layout_config(512, 1), 4), 0, 2, 0, 0},   // the 100M width
@@ -1377,6 +1487,23 @@ static void check_gpu(void) {
         for (int p = 0; p < 2; p++) {
             check_gpu_delta_identity(&precs[p], 2, 2);
             check_gpu_delta_identity(&precs[p], 4, 4);
+        }
+        // causality: the tiny configs in both precisions, then the study's shape and batch in
+        // bf16 (its routing and attention kernels at N = 32768, every tile and grid of training)
+        for (int p = 0; p < 2; p++) {
+            check_gpu_causal("std", gpu_test_config(RES_STD, 1, 1), &precs[p], 3);
+            check_gpu_causal("mhar H=4", gpu_test_config(RES_MHAR, 4, 1), &precs[p], 3);
+            check_gpu_causal("HD=64 T=150", gpu_flash_config(64, 4, 2, 150), &precs[p], 3);
+        }
+        const struct { const char *name; int mode, H, S, n; } study[] = {
+            {"100m std", RES_STD, 1, 1, 0},        {"100m attnres", RES_MHAR, 1, 1, 0},
+            {"100m mhar H=4", RES_MHAR, 4, 1, 0},  {"100m mhar H=8", RES_MHAR, 8, 1, 0},
+            {"100m mhar H=16", RES_MHAR, 16, 1, 0}, {"100m block H=8 S=4", RES_MHAR, 8, 4, 0},
+            {"100m hc n=4", RES_HC, 1, 1, 4},      {"100m delta H=8 S=8", RES_DELTA, 8, 8, 0},
+        };
+        for (size_t k = 0; k < sizeof(study) / sizeof(study[0]); k++) {
+            check_gpu_causal(study[k].name, gpu_study_config(study[k].mode, study[k].H, study[k].S, study[k].n),
+                             &precs[1], 16);
         }
         check_gpu_trainer_binaries("-r mhar -H 2 -S 2");
         check_gpu_trainer_binaries("-r hc -hc_n 4");
@@ -1413,6 +1540,12 @@ int main(void) {
     check_naive("delta L=3 H=4 S=4 (blocks as stream differences)", delta_config(3, 4, 4));
     check_zero_query_average();
     check_helpers();
+    check_causal("std", tiny_config(RES_STD, 1, 1));
+    check_causal("attnres", tiny_config(RES_MHAR, 1, 1));
+    check_causal("mhar H=4", tiny_config(RES_MHAR, 4, 1));
+    check_causal("block S=2 H=2", tiny_config(RES_MHAR, 2, 2));
+    check_causal("delta H=2 S=2", delta_config(3, 2, 2));
+    check_causal("hc n=4", tiny_config_hc(4));
 
     printf("== 2b. delta: conversion of a std model (SPEC section 9) ==\n");
     check_delta_conversion("delta H=2 S=2", 2, 2);

@@ -505,14 +505,16 @@ void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int
     float *lse = a->att_lse + l * N * c->NH;
     floatX *atty = a->atty + l * N * QD;
     // out = atty . Wo^T. datty is floatX: the matmul sums in fp32 and rounds
-    // once; in the bf16 build the flash kernels take it as bf16 mma operands
-    // anyway, and their D = rowsum(datty * atty) then comes from the very
-    // values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
+    // once; in the bf16 build the flash kernels take it as a bf16 wgmma operand
+    // (TMA tiles) anyway, and their D = rowsum(datty * atty) then comes from the
+    // very values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
     op_range("bwd matmul o");
     matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C, DINP_SET);
     // atty = attention(q, k, v): writes dq, dk (fp32, from fp32 accumulators:
     // no rounding before RoPE and the QK-norm backward, whose projection
-    // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it)
+    // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it).
+    // bf16 at HD 64/128 on sm_90a: the wgmma dk/dv pass (a block owns 64 keys of
+    // a kv head) and dq pass (64 query rows); each element written once
     op_range("bwd attention");
     attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     // q = rope(qn), k = rope(kn)

@@ -5,11 +5,11 @@
 // (T, T) matrix is stored. Any T (sampling runs T = 1, 2, 3, ...).
 // One predicate, attention_use_flash(HD), picks the kernels:
 //  - fast: FlashAttention-2 on tensor cores, the bf16 build at HD = 64 or 128 on
-//    an sm_90 GPU built with sm_90a code. Forward: Hopper's wgmma (bf16 in, fp32
-//    accumulation) on Q, K, V tiles brought by TMA into an mbarrier ring of two
-//    stages, 128 query rows and 256 threads a block, two blocks per SM (lab
-//    dev/cuda/attention.cu v5, variant 2). Backward: mma.sync m16n8k16, a dk/dv
-//    pass and a dq pass (lab v2).
+//    an sm_90 GPU built with sm_90a code: Hopper's wgmma (bf16 in, fp32
+//    accumulation) on tiles brought by TMA into mbarrier rings. Forward: 128
+//    query rows and 256 threads a block, two blocks per SM (lab
+//    dev/cuda/attention.cu v5, variant 2). Backward: a dk/dv pass and a dq pass,
+//    one warpgroup (64 keys or query rows) a block (lab v6, variant 1).
 //  - fallback: one warp per row on the CUDA cores in fp32 with an online softmax,
 //    every other case (the fp32 build, other head dims, other GPUs or an -arch
 //    without sm_90a). Lab: dev/cuda/attention.cu v1.
@@ -254,19 +254,8 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
 
 #ifndef PRECISION_FP32
 // ----------------------------------------------------------------------------
-// Flash kernels (bf16 build): the FlashAttention-2 scheme, the online softmax in
-// base 2. No atomics: each output element is written by one thread. The forward is
-// below; the backward kernels use ldmatrix(.trans) from padded smem rows and
-// cp.async double buffering. Unlike the lab's v2 they take any T: rows past T are
-// zero-filled on load and never stored, the backward gives them lse = +inf (p = 0),
-// tiles wholly past T are not visited, and lse and D move by 4-byte cp.async (a row
-// of (B, NH, T) is 16-byte aligned only when T % 4 == 0); dq and dk are written in
-// fp32 from the accumulators.
-// A lane's accumulator s[n][e] is row g + 8 (e >> 1), column 8 n + 2 t + (e & 1)
-// (common.cuh's fragment layouts); two adjacent C tiles of a 16x16 block, rounded
-// to bf16 pairwise, are its A fragment: P goes from one matmul to the next in
-// registers. Smem rows are padded by FA_PAD bf16 (16 bytes) so the 8 row addresses
-// of each ldmatrix 8x8 matrix hit 8 different bank groups (load_tile, store_rows).
+// Flash kernels (bf16 build, sm_90a): the FlashAttention-2 scheme, the online
+// softmax in base 2. No atomics: each output element is written by one thread.
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -355,9 +344,18 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, u
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(t), "r"(b), "r"(smem_u32(bar)) : "memory");
 }
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared
+// memory, completing them on bar
+__device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// wait until at most N committed wgmma groups of this thread are pending
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 // the compiler must not move accumulator reads or writes across the asynchronous wgmma window
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
@@ -613,253 +611,347 @@ __global__ void attention_backward_prep_flash_kernel(float *Dt, const bf16 *dout
     }
 }
 
-// Backward, pass 1: dk (fp32), dv (bf16), each (B, T, NKV, HD).
-// grid (ceil(T/BK), NKV, B), BK = 16 NWARPS keys per block, launched in
-// reverse key order as in the lab (the light late tiles first: flipping it is
-// an untried tail-balance idea); warp w owns keys k0+16w..+15 of kv head kvh
-// and accumulates their dK, dV (16 x HD each, fp32 registers) over every query
-// head of the group and every q tile of BQ rows at or after the block's first
-// key, double-buffered (Q, dO, lse, D). Per tile, in the transposed
-// orientation (keys are the M dimension):
-//   S^T = K Q^T, P^T = exp2(S^T scale log2e - lse log2e) (0 where q < key),
-//   dP^T = V dO^T, dS^T = P^T (dP^T - D),
-//   dV += P^T dO, dK += dS^T Q     (P^T, dS^T -> bf16 A fragments from registers).
-// dK is scaled once at the end. KV_REGS keeps K, V A fragments in registers
-// (HD=64); otherwise they are re-read from smem per tile (HD=128, register budget).
-// smem: 2 BK + 4 BQ rows of (HD+8) bf16 + 4 BQ floats.
-template <int HD, int NWARPS, int BQ, bool KV_REGS>
-__global__ void __launch_bounds__(NWARPS * 32)
-attention_backward_dkdv_flash_kernel(float *dk, bf16 *dv, const bf16 *q, const bf16 *k, const bf16 *v,
-                                     const bf16 *dout, const float *lse, const float *Dt,
-                                     int T, int NH, int NKV, float scale, float sl2) {
-    constexpr int BK = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
-    static_assert(2 * BQ <= NT, "one thread per lse and per D entry of a q tile");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sK = (bf16 *)smem_raw, *sV = sK + BK * LD, *sQ = sV + BK * LD, *sdO = sQ + 2 * BQ * LD;
-    float *sL = (float *)(sdO + 2 * BQ * LD), *sD = sL + 2 * BQ;
-    const int kb = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    const int G = NH / NKV, k0 = kb * BK, kw0 = k0 + warp * 16;
-    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
-    const int i0 = k0 / BQ, nq = (T + BQ - 1) / BQ - i0, nit = G * nq;
+// Backward (lab v6, variant 1): v2's deterministic split, a dk/dv pass and a dq pass
+// (S and dP computed in both: 7 products instead of 5, the price of no atomics), every
+// product a wgmma m64n64k16 (bf16 in, fp32 accumulate) on the forward's layouts: a
+// tile of 64 rows x HD lands by TMA (3D maps, boxes of 64 rows) as HD/64 panels of
+// 64 rows x 128 bytes (8 KB each) in the 128-byte swizzle. Read with its rows as M or
+// N (K = the head dimension) a tile is a K-major operand (the forward's Q and K);
+// read with its rows as K it is N-major (the forward's V). The products whose A is
+// P^T, dS^T or dS take it from registers: a 64 x 64 accumulator repacks into four k16
+// A fragments exactly as the forward's P (wg_pack).
+//   dk/dv pass, grid (NKV, B, ceil(T/64)), the kv tile slowest and tile 0 (the most q
+//   tiles) first: a block owns 64 keys of kv head kvh (its K and V tiles, loaded once)
+//   and walks every query head of the group and every q tile of 64 rows from its
+//   diagonal on:
+//     S^T = K Q^T, dP^T = V dO^T (both operands K-major), issued together;
+//     P^T = exp2(S^T sl2 - lse[query] log2e) (0 where query < key), computed while
+//     dP^T runs; dS^T = P^T (dP^T - D[query]);
+//     dV += P^T dO, dK += dS^T Q (A from registers, B = dO, Q read N-major).
+//   The accumulators' COLUMN is the query: lse and D of the q tile (64 floats each)
+//   travel with the Q and dO tiles into the stage and are read as float2 at column
+//   8i + 2t. They come by two 256-byte bulk copies when the 64 entries lie inside
+//   the (b, h) row and are 16-byte aligned (bulk: T % 4 == 0 and aligned buffers),
+//   otherwise thread 0 copies them (the last, partial q tile; T % 4 != 0).
+//   dq pass, grid (NH, B, ceil(T/64)), the q tile slowest and heaviest first: a
+//   block owns 64 query rows of head h (Q and dO, loaded once) and walks the kv
+//   tiles up to its diagonal: S = Q K^T, dP = dO V^T, P, dS = P (dP - D),
+//   dQ += dS K (A = dS from registers, K read N-major).
+// Block: one warpgroup (128 threads); no producer warp: thread 0 issues every copy
+// into a ring of ST = 2 stages (dk/dv: Q, dO, lse, D; dq: K, V) with a "full"
+// barrier (thread 0's arrive.expect_tx + the bytes) and an "empty" one (the 4 warps
+// arrive once the products reading the stage completed) per stage; thread 0 refills
+// a stage once it is empty. dK and dQ are scaled by 1/sqrt(HD) once at the end; dq
+// and dk are stored in fp32 (their consumers, RoPE and the QK-norm backward, want no
+// rounding), dv in bf16.
+// Any T: rows past T of every tile arrive as zeros (3D maps, as in the forward);
+// queries past T get lse = +inf (p = exp2(-inf) = 0, so dS = 0) and D = 0; keys past
+// T are later than every query < T, so the causal mask drops them; nothing past T
+// is stored. Accumulator element v of thread (warp w, lane 4g + t) is row 16w + g +
+// 8((v >> 1) & 1), column 8(v >> 2) + 2t + (v & 1) of the 64 x 64 product.
+// smem: 1 KB alignment slack + the block's own two tiles + ST stages of two tiles
+// (+ 2 x 64 floats in the dk/dv pass) + barriers.
+template <int HD>
+struct BwdCfg {
+    static constexpr int NP = HD / 64, TILE = NP * 64 * 128, ST = 2, THREADS = 128;
+    static constexpr int NBARS = 1 + 2 * ST;   // own tiles full; per stage full, empty
+    static constexpr size_t DKDV_SMEM = 1024 + 2 * (size_t)TILE + 2 * (size_t)ST * TILE + 2 * ST * 256 + 8 * NBARS;
+    static constexpr size_t DQ_SMEM = 1024 + 2 * (size_t)TILE + 2 * (size_t)ST * TILE + 8 * NBARS;
+};
 
-    // issue the loads of iteration it (head kvh*G + it/nq, q tile i0 + it%nq) into buffer buf
-    auto issue = [&](int it, int buf) {
-        const int h = kvh * G + it / nq, qt0 = (i0 + it % nq) * BQ;
-        const size_t go = ((size_t)b * T + qt0) * qs + (size_t)h * HD;
-        load_tile<BQ, HD, NT>(sQ + buf * BQ * LD, q + go, qs, T - qt0);
-        load_tile<BQ, HD, NT>(sdO + buf * BQ * LD, dout + go, qs, T - qt0);
-        if (threadIdx.x < 2 * BQ) {   // threads [0, BQ) lse, [BQ, 2 BQ) D; past T: lse = +inf (p = 0), D = 0
-            const int i = threadIdx.x % BQ, isL = threadIdx.x < BQ;
-            float *dst = (isL ? sL : sD) + buf * BQ + i;
-            if (qt0 + i < T) { cp_async4(dst, (isL ? lse : Dt) + ((size_t)b * NH + h) * T + qt0 + i); }
-            else { *dst = isL ? INFINITY : 0.f; }
+#ifdef ATT_WGMMA
+// d (64 x 64) = A B^T over the head dimension, A the 64 rows of the tile at a, B
+// those of the tile at b (both K-major: HD/16 k16 steps, 32 bytes apart inside a
+// panel); issued and committed as one group, not waited for
+template <int HD>
+__device__ __forceinline__ void wg_rowdot(float (&d)[32], uint32_t a, uint32_t b) {
+    wgmma_ss<64, 0>(d, wg_desc(a, 16, 1024), wg_desc(b, 16, 1024));
+#pragma unroll
+    for (int kk = 1; kk < HD / 16; kk++) {
+        const uint32_t off = (kk / 4) * 8192 + (kk % 4) * 32;
+        wgmma_ss<64, 1>(d, wg_desc(a + off, 16, 1024), wg_desc(b + off, 16, 1024));
+    }
+    wgmma_commit();
+}
+// acc (64 x HD as NP panels of 64 columns) += A (64 x 64, four k16 register
+// fragments) B, B the tile at b read N-major (k = its rows, 2048 bytes a k16 step;
+// n = its columns, panel p); issued, not committed
+template <int NP>
+__device__ __forceinline__ void wg_accum(float (&acc)[NP][32], const uint32_t (&a)[4][4], uint32_t b) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int p = 0; p < NP; p++) { wgmma_rs_n64(acc[p], a[kc], wg_desc(b + p * 8192 + kc * 2048, 8192, 1024)); }
+}
+// a 64 x 64 fp32 accumulator -> the four bf16 k16 A fragments (the forward's P pack)
+__device__ __forceinline__ void wg_pack(uint32_t (&a)[4][4], const float (&x)[32]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) { a[kc][r] = pack_bf16(x[8 * kc + 2 * r], x[8 * kc + 2 * r + 1]); }
+}
+// the backward's barriers, consecutive: own tiles (1 arrival), full[ST] (1), empty[ST] (one per warp)
+template <int ST>
+__device__ __forceinline__ void bwd_init_bars(uint64_t *own) {
+    mbar_init(own, 1);
+    for (int s = 0; s < ST; s++) { mbar_init(own + 1 + s, 1); mbar_init(own + 1 + ST + s, 4); }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the async proxy (TMA)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+#endif
+
+// dk (fp32), dv (bf16), each (B, T, NKV, HD), of the block's 64 keys of kv head
+// blockIdx.x. tq, tdo describe q, dout as (NH HD, T, B), tk, tv k, v as (NKV HD, T,
+// B), boxes of 64 x 64 x 1; lse, Dt (B, NH, T); bulk: see above.
+template <int HD>
+__global__ void __launch_bounds__(BwdCfg<HD>::THREADS, 1)
+attention_backward_dkdv_wgmma_kernel(float *dk, bf16 *dv, const __grid_constant__ CUtensorMap tq,
+                                     const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                                     const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dt,
+                                     int T, int NH, int NKV, int bulk, float scale, float sl2) {
+#ifdef ATT_WGMMA
+    using C = BwdCfg<HD>;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
+    extern __shared__ unsigned char wg_smem[];
+    unsigned char *sK = wg_smem + ((1024 - (smem_u32(wg_smem) & 1023)) & 1023);
+    unsigned char *sV = sK + TILE, *sQ = sV + TILE, *sdO = sQ + ST * TILE;
+    float *sL = (float *)(sdO + ST * TILE), *sD = sL + ST * 64;
+    uint64_t *own = (uint64_t *)(sD + ST * 64), *full = own + 1, *empty = full + ST;
+    const int kvh = blockIdx.x, b = blockIdx.y, kt = blockIdx.z;
+    const int G = NH / NKV, k0 = kt * 64, nq = (T + 63) / 64 - kt, nit = G * nq;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    if (threadIdx.x == 0) { bwd_init_bars<ST>(own); }
+    __syncthreads();
+    // step it: query head kvh G + it / nq, q tile kt + it % nq, into stage it % ST
+    // (empty: released or never used)
+    auto load = [&](int it) {
+        const int s = it % ST, h = kvh * G + it / nq, qt0 = (kt + it % nq) * 64;
+        const size_t lo = ((size_t)b * NH + h) * T + qt0;
+        const bool whole = bulk && qt0 + 64 <= T;
+        if (!whole) {   // by hand; past T: lse = +inf (p = 0), D = 0
+            for (int c = 0; c < 64; c++) {
+                sL[s * 64 + c] = qt0 + c < T ? lse[lo + c] : INFINITY;
+                sD[s * 64 + c] = qt0 + c < T ? Dt[lo + c] : 0.f;
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // before a later bulk copy to these words
+        }
+        mbar_expect_tx(full + s, 2 * TILE + (whole ? 512 : 0));   // releases the writes above to the waiters
+        for (int p = 0; p < NP; p++) {
+            tma_load_3d(sQ + s * TILE + p * 8192, &tq, full + s, h * HD + 64 * p, qt0, b);
+            tma_load_3d(sdO + s * TILE + p * 8192, &tdo, full + s, h * HD + 64 * p, qt0, b);
+        }
+        if (whole) {
+            bulk_load_1d(sL + s * 64, lse + lo, 256, full + s);
+            bulk_load_1d(sD + s * 64, Dt + lo, 256, full + s);
         }
     };
-    const size_t kgo = ((size_t)b * T + k0) * ks + (size_t)kvh * HD;
-    load_tile<BK, HD, NT>(sK, k + kgo, ks, T - k0);
-    load_tile<BK, HD, NT>(sV, v + kgo, ks, T - k0);
-    issue(0, 0);
-    cp_async_commit();
-
-    uint32_t kf[KV_REGS ? HD / 16 : 1][4], vf[KV_REGS ? HD / 16 : 1][4];
-    float dka[HD / 8][4], dva[HD / 8][4];
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(own, 2 * TILE);
+        for (int p = 0; p < NP; p++) {
+            tma_load_3d(sK + p * 8192, &tk, own, kvh * HD + 64 * p, k0, b);
+            tma_load_3d(sV + p * 8192, &tv, own, kvh * HD + 64 * p, k0, b);
+        }
+        for (int it = 0; it < ST && it < nit; it++) { load(it); }
+    }
+    float dka[NP][32], dva[NP][32], st[32], dpt[32];
+    uint32_t pa[4][4], da[4][4];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++)
+    for (int p = 0; p < NP; p++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) { dka[n][e] = 0.f; dva[n][e] = 0.f; }
-
+        for (int i = 0; i < 32; i++) { dka[p][i] = 0.f; dva[p][i] = 0.f; }
+    const int key = k0 + 16 * warp + g;   // this thread's keys: key, key + 8
+    const uint32_t kaddr = smem_u32(sK), vaddr = smem_u32(sV);
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dka[p]); reg_fence(dva[p]); }
+        reg_fence_u(pa);
+        reg_fence_u(da);
+    };
+    mbar_wait(own, 0);
+    __syncwarp();   // warp 0 converged (lane 0 issued copies) before the .aligned wgmma instructions
     for (int it = 0; it < nit; it++) {
-        if (it + 1 < nit) {
-            issue(it + 1, (it + 1) & 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (KV_REGS && it == 0) {
+        const int s = it % ST, qt0 = (kt + it % nq) * 64;
+        const uint32_t qaddr = smem_u32(sQ + s * TILE), doaddr = smem_u32(sdO + s * TILE);
+        mbar_wait(full + s, (it / ST) & 1);
+        __syncwarp();
+        wgmma_fence();
+        wg_rowdot<HD>(st, kaddr, qaddr);     // S^T = K Q^T
+        wg_rowdot<HD>(dpt, vaddr, doaddr);   // dP^T = V dO^T
+        wgmma_wait<1>();                     // S^T complete; dP^T may still run
+        reg_fence(st);
+        fence_acc();
+        const float *cL = sL + s * 64, *cD = sD + s * 64;
+        const bool mask = qt0 < k0 + 63;   // the diagonal tile: some query precedes some key
 #pragma unroll
-            for (int kk = 0; kk < (KV_REGS ? HD / 16 : 0); kk++) {
-                ldsm_x4(kf[kk], a_addr(sK, LD, warp * 16, kk * 16, lane));
-                ldsm_x4(vf[kk], a_addr(sV, LD, warp * 16, kk * 16, lane));
+        for (int i = 0; i < 8; i++) {
+            const float2 L = *(const float2 *)(cL + 8 * i + 2 * t4);
+            const float L2[2] = {L.x * LOG2E, L.y * LOG2E};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(st[4 * i + e], sl2, -L2[e & 1]));
+                if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0.f; }
+                st[4 * i + e] = p;
             }
         }
-        const int buf = it & 1, qt0 = (i0 + it % nq) * BQ;
-        if (kw0 < T && qt0 + BQ - 1 >= kw0) {   // warp-uniform: the warp has keys, some seen by some query of the tile
-            const bf16 *cQ = sQ + buf * BQ * LD, *cdO = sdO + buf * BQ * LD;
-            const float *cL = sL + buf * BQ, *cD = sD + buf * BQ;
-            float s[BQ / 8][4], dp[BQ / 8][4];
+        wgmma_wait<0>();
+        reg_fence(dpt);
 #pragma unroll
-            for (int n = 0; n < BQ / 8; n++)
+        for (int i = 0; i < 8; i++) {
+            const float2 D = *(const float2 *)(cD + 8 * i + 2 * t4);
+            const float Dv[2] = {D.x, D.y};
 #pragma unroll
-                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ka[4], va[4];
-                if (KV_REGS) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) { ka[e] = kf[KV_REGS ? kk : 0][e]; va[e] = vf[KV_REGS ? kk : 0][e]; }
-                } else {
-                    ldsm_x4(ka, a_addr(sK, LD, warp * 16, kk * 16, lane));
-                    ldsm_x4(va, a_addr(sV, LD, warp * 16, kk * 16, lane));
-                }
-#pragma unroll
-                for (int nn = 0; nn < BQ / 16; nn++) {
-                    uint32_t bb[4];
-                    ldsm_x4(bb, bn_addr(cQ, LD, nn * 16, kk * 16, lane));
-                    mma16816(s[2 * nn], ka, bb[0], bb[1]);
-                    mma16816(s[2 * nn + 1], ka, bb[2], bb[3]);
-                    ldsm_x4(bb, bn_addr(cdO, LD, nn * 16, kk * 16, lane));
-                    mma16816(dp[2 * nn], va, bb[0], bb[1]);
-                    mma16816(dp[2 * nn + 1], va, bb[2], bb[3]);
-                }
-            }
-            const bool mask = qt0 < kw0 + 15;   // some query of the tile precedes some key of the warp
-#pragma unroll
-            for (int n = 0; n < BQ / 8; n++) {
-                const float2 L = *(const float2 *)(cL + n * 8 + 2 * t4), D = *(const float2 *)(cD + n * 8 + 2 * t4);
-                const float L2[2] = {L.x * LOG2E, L.y * LOG2E}, Dv[2] = {D.x, D.y};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e & 1]));
-                    if (mask && qt0 + n * 8 + 2 * t4 + (e & 1) < kw0 + g + (e >> 1) * 8) { p = 0.f; }
-                    s[n][e] = p;
-                    dp[n][e] = p * (dp[n][e] - Dv[e & 1]);
-                }
-            }
-#pragma unroll
-            for (int kc = 0; kc < BQ / 16; kc++) {
-                uint32_t ap[4], ad[4];
-                c_to_a(ap, s + 2 * kc);
-                c_to_a(ad, dp + 2 * kc);
-#pragma unroll
-                for (int dn = 0; dn < HD / 16; dn++) {
-                    uint32_t bb[4];
-                    ldsm_x4_t(bb, bt_addr(cdO, LD, kc * 16, dn * 16, lane));
-                    mma16816(dva[2 * dn], ap, bb[0], bb[1]);
-                    mma16816(dva[2 * dn + 1], ap, bb[2], bb[3]);
-                    ldsm_x4_t(bb, bt_addr(cQ, LD, kc * 16, dn * 16, lane));
-                    mma16816(dka[2 * dn], ad, bb[0], bb[1]);
-                    mma16816(dka[2 * dn + 1], ad, bb[2], bb[3]);
-                }
-            }
+            for (int e = 0; e < 4; e++) { dpt[4 * i + e] = st[4 * i + e] * (dpt[4 * i + e] - Dv[e & 1]); }   // dS^T
         }
-        __syncthreads();
+        wg_pack(pa, st);
+        wg_pack(da, dpt);
+        fence_acc();
+        wgmma_fence();
+        wg_accum<NP>(dva, pa, doaddr);   // dV += P^T dO
+        wg_accum<NP>(dka, da, qaddr);    // dK += dS^T Q
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc();
+        // this warp is done with stage s; thread 0 refills it with step it + ST once all 4 warps are
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + s); }
+        if (threadIdx.x == 0 && it + ST < nit) {
+            mbar_wait(empty + s, (it / ST) & 1);
+            load(it + ST);
+        }
+        __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
     }
-    if (kw0 >= T) { return; }   // warp-uniform; no barrier follows
-    store_rows_f32<HD>(dk + kgo + (size_t)warp * 16 * ks, ks, dka, scale, T - kw0, lane);
-    // each warp only ever read its own 16 rows of sV: stage dV there
-    store_rows<HD>(dv + kgo + (size_t)warp * 16 * ks, ks, sV + warp * 16 * LD, dva, 1.f, 1.f, T - kw0, lane);
+    // dka[p][4i + 2hh + e] -> key key + 8hh, column 64p + 8i + 2t + e; keys past T are not stored
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        if (key + 8 * hh >= T) { continue; }
+        const size_t ro = (((size_t)b * T + key + 8 * hh) * NKV + kvh) * HD;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int col = 64 * p + 8 * i + 2 * t4;
+                *(float2 *)(dk + ro + col) = make_float2(dka[p][4 * i + 2 * hh] * scale, dka[p][4 * i + 2 * hh + 1] * scale);
+                *(uint32_t *)(dv + ro + col) = pack_bf16(dva[p][4 * i + 2 * hh], dva[p][4 * i + 2 * hh + 1]);
+            }
+    }
+#else
+    __trap();   // built without sm_90a: attention_setup's probe keeps the host from launching it
+#endif
 }
 
-// Backward, pass 2: dq (B, T, NH, HD) fp32.
-// grid (ceil(T/BR), NH, B), BR = 16 NWARPS query rows per block, warp w owns
-// rows q0+16w..+15; its Q and dO tiles in registers (A fragments). Loop over kv
-// tiles of BC keys up to the block's last row, double-buffered:
-//   S = Q K^T, P = exp2(S scale log2e - lse log2e) (0 above the diagonal),
-//   dP = dO V^T (V as B via plain ldmatrix), dS = P (dP - D), dQ += dS K (K via .trans).
-// dQ scaled once at the end. smem: (2 BR + 4 BC) (HD+8) bf16.
-template <int HD, int NWARPS, int BC>
-__global__ void __launch_bounds__(NWARPS * 32)
-attention_backward_dq_flash_kernel(float *dq, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout,
-                                   const float *lse, const float *Dt, int T, int NH, int NKV, float scale,
-                                   float sl2) {
-    constexpr int BR = NWARPS * 16, LD = HD + FA_PAD, NT = NWARPS * 32;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *sQ = (bf16 *)smem_raw, *sdO = sQ + BR * LD, *sK = sdO + BR * LD, *sV = sK + 2 * BC * LD;
-    const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (NH / NKV), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-    const int q0 = qb * BR, r0 = q0 + warp * 16;
-    const size_t qs = (size_t)NH * HD, ks = (size_t)NKV * HD;
-    const size_t qgo = ((size_t)b * T + q0) * qs + (size_t)h * HD;
-    const bf16 *kg = k + (size_t)b * T * ks + (size_t)kvh * HD, *vg = v + (size_t)b * T * ks + (size_t)kvh * HD;
-    const int nkv = (min(q0 + BR, T) - 1) / BC + 1;   // kv tiles up to the block's last row
-
-    load_tile<BR, HD, NT>(sQ, q + qgo, qs, T - q0);
-    load_tile<BR, HD, NT>(sdO, dout + qgo, qs, T - q0);
-    load_tile<BC, HD, NT>(sK, kg, ks, T);
-    load_tile<BC, HD, NT>(sV, vg, ks, T);
-    cp_async_commit();
-
-    // this lane's two rows r0+g, r0+g+8; past T: lse = +inf (p = 0), D = 0
-    const size_t lo = ((size_t)b * NH + h) * T;
-    const int ra = r0 + g, rb = ra + 8;
-    const float L2[2] = {ra < T ? lse[lo + ra] * LOG2E : INFINITY, rb < T ? lse[lo + rb] * LOG2E : INFINITY};
-    const float Dv[2] = {ra < T ? Dt[lo + ra] : 0.f, rb < T ? Dt[lo + rb] : 0.f};
-
-    uint32_t qf[HD / 16][4], df[HD / 16][4];
-    float dqa[HD / 8][4];
+// dq (B, T, NH, HD) fp32 of the block's 64 query rows of head blockIdx.x; the
+// tensor maps and lse, Dt as for the dk/dv pass.
+template <int HD>
+__global__ void __launch_bounds__(BwdCfg<HD>::THREADS, 1)
+attention_backward_dq_wgmma_kernel(float *dq, const __grid_constant__ CUtensorMap tq,
+                                   const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                                   const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dt,
+                                   int T, int NH, int NKV, float scale, float sl2) {
+#ifdef ATT_WGMMA
+    using C = BwdCfg<HD>;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
+    extern __shared__ unsigned char wg_smem[];
+    unsigned char *sQ = wg_smem + ((1024 - (smem_u32(wg_smem) & 1023)) & 1023);
+    unsigned char *sdO = sQ + TILE, *sK = sdO + TILE, *sV = sK + ST * TILE;
+    uint64_t *own = (uint64_t *)(sV + ST * TILE), *full = own + 1, *empty = full + ST;
+    const int h = blockIdx.x, b = blockIdx.y, qt = gridDim.z - 1 - blockIdx.z;   // the last q tile first
+    const int kvh = h / (NH / NKV), q0 = qt * 64, nkv = qt + 1;   // kv tiles up to the diagonal
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+    if (threadIdx.x == 0) { bwd_init_bars<ST>(own); }
+    __syncthreads();
+    auto load = [&](int j) {   // kv tile j into stage j % ST (empty: released or never used)
+        const int s = j % ST;
+        mbar_expect_tx(full + s, 2 * TILE);
+        for (int p = 0; p < NP; p++) {
+            tma_load_3d(sK + s * TILE + p * 8192, &tk, full + s, kvh * HD + 64 * p, 64 * j, b);
+            tma_load_3d(sV + s * TILE + p * 8192, &tv, full + s, kvh * HD + 64 * p, 64 * j, b);
+        }
+    };
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(own, 2 * TILE);
+        for (int p = 0; p < NP; p++) {
+            tma_load_3d(sQ + p * 8192, &tq, own, h * HD + 64 * p, q0, b);
+            tma_load_3d(sdO + p * 8192, &tdo, own, h * HD + 64 * p, q0, b);
+        }
+        for (int j = 0; j < ST && j < nkv; j++) { load(j); }
+    }
+    // this thread's rows: row, row + 8; past T: lse = +inf (p = 0), D = 0
+    const int row = q0 + 16 * warp + g;
+    const size_t lo = ((size_t)b * NH + h) * T + row;
+    const float L2[2] = {row < T ? lse[lo] * LOG2E : INFINITY, row + 8 < T ? lse[lo + 8] * LOG2E : INFINITY};
+    const float Dv[2] = {row < T ? Dt[lo] : 0.f, row + 8 < T ? Dt[lo + 8] : 0.f};
+    float dqa[NP][32], sc[32], dp[32];
+    uint32_t dsa[4][4];
 #pragma unroll
-    for (int n = 0; n < HD / 8; n++) { dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f; }
-
+    for (int p = 0; p < NP; p++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dqa[p][i] = 0.f; }
+    const uint32_t qaddr = smem_u32(sQ), doaddr = smem_u32(sdO);
+    auto fence_acc = [&]() {
+#pragma unroll
+        for (int p = 0; p < NP; p++) { reg_fence(dqa[p]); }
+        reg_fence_u(dsa);
+    };
+    mbar_wait(own, 0);
+    __syncwarp();
     for (int j = 0; j < nkv; j++) {
-        if (j + 1 < nkv) {
-            const int nb = (j + 1) & 1, kn = (j + 1) * BC;
-            load_tile<BC, HD, NT>(sK + nb * BC * LD, kg + (size_t)kn * ks, ks, T - kn);
-            load_tile<BC, HD, NT>(sV + nb * BC * LD, vg + (size_t)kn * ks, ks, T - kn);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (j == 0) {
+        const int s = j % ST, kt0 = 64 * j;
+        const uint32_t kaddr = smem_u32(sK + s * TILE), vaddr = smem_u32(sV + s * TILE);
+        mbar_wait(full + s, (j / ST) & 1);
+        __syncwarp();
+        wgmma_fence();
+        wg_rowdot<HD>(sc, qaddr, kaddr);    // S = Q K^T
+        wg_rowdot<HD>(dp, doaddr, vaddr);   // dP = dO V^T
+        wgmma_wait<1>();
+        reg_fence(sc);
+        fence_acc();
+        const bool mask = kt0 + 63 > q0;   // the diagonal tile (keys past T included)
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                ldsm_x4(qf[kk], a_addr(sQ, LD, warp * 16, kk * 16, lane));
-                ldsm_x4(df[kk], a_addr(sdO, LD, warp * 16, kk * 16, lane));
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(fmaf(sc[4 * i + e], sl2, -L2[e >> 1]));
+                if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0.f; }
+                sc[4 * i + e] = p;
             }
+        wgmma_wait<0>();
+        reg_fence(dp);
+#pragma unroll
+        for (int i = 0; i < 32; i++) { dp[i] = sc[i] * (dp[i] - Dv[(i >> 1) & 1]); }   // dS
+        wg_pack(dsa, dp);
+        fence_acc();
+        wgmma_fence();
+        wg_accum<NP>(dqa, dsa, kaddr);   // dQ += dS K
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc();
+        __syncwarp();
+        if (lane == 0) { mbar_arrive(empty + s); }
+        if (threadIdx.x == 0 && j + ST < nkv) {
+            mbar_wait(empty + s, (j / ST) & 1);
+            load(j + ST);
         }
-        const int k0 = j * BC;
-        if (r0 < T && k0 <= r0 + 15) {   // warp-uniform
-            const bf16 *cK = sK + (j & 1) * BC * LD, *cV = sV + (j & 1) * BC * LD;
-            float s[BC / 8][4], dp[BC / 8][4];
-#pragma unroll
-            for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) { s[n][e] = 0.f; dp[n][e] = 0.f; }
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-                for (int nn = 0; nn < BC / 16; nn++) {
-                    uint32_t bb[4];
-                    ldsm_x4(bb, bn_addr(cK, LD, nn * 16, kk * 16, lane));
-                    mma16816(s[2 * nn], qf[kk], bb[0], bb[1]);
-                    mma16816(s[2 * nn + 1], qf[kk], bb[2], bb[3]);
-                    ldsm_x4(bb, bn_addr(cV, LD, nn * 16, kk * 16, lane));
-                    mma16816(dp[2 * nn], df[kk], bb[0], bb[1]);
-                    mma16816(dp[2 * nn + 1], df[kk], bb[2], bb[3]);
-                }
-            }
-            const bool mask = k0 + BC - 1 > r0;
-#pragma unroll
-            for (int n = 0; n < BC / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(fmaf(s[n][e], sl2, -L2[e >> 1]));
-                    if (mask && k0 + n * 8 + 2 * t4 + (e & 1) > r0 + g + (e >> 1) * 8) { p = 0.f; }
-                    s[n][e] = p * (dp[n][e] - Dv[e >> 1]);   // dS
-                }
-#pragma unroll
-            for (int kc = 0; kc < BC / 16; kc++) {
-                uint32_t a[4];
-                c_to_a(a, s + 2 * kc);
-#pragma unroll
-                for (int dn = 0; dn < HD / 16; dn++) {
-                    uint32_t bb[4];
-                    ldsm_x4_t(bb, bt_addr(cK, LD, kc * 16, dn * 16, lane));
-                    mma16816(dqa[2 * dn], a, bb[0], bb[1]);
-                    mma16816(dqa[2 * dn + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
-        __syncthreads();
+        __syncwarp();
     }
-    if (r0 < T) { store_rows_f32<HD>(dq + qgo + (size_t)warp * 16 * qs, qs, dqa, scale, T - r0, lane); }
+    // dqa[p][4i + 2hh + e] -> row row + 8hh, column 64p + 8i + 2t + e; rows past T are not stored
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        if (row + 8 * hh >= T) { continue; }
+        float *o = dq + (((size_t)b * T + row + 8 * hh) * NH + h) * HD;
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                *(float2 *)(o + 64 * p + 8 * i + 2 * t4) =
+                    make_float2(dqa[p][4 * i + 2 * hh] * scale, dqa[p][4 * i + 2 * hh + 1] * scale);
+            }
+    }
+#else
+    __trap();
+#endif
 }
 
-// Tensor maps of the wgmma forward: q (B, T, NH HD) and k, v (B, T, NKV HD) as 3D
+// Tensor maps of the wgmma kernels: q, dout (B, T, NH HD) and k, v (B, T, NKV HD) as 3D
 // bf16 tensors (columns fastest) with boxes of 64 columns x box_rows rows x 1 batch
 // in the 128-byte swizzle; rows past T of a batch are out of bounds (zero-filled),
 // never the next batch's. The encoder is the driver's cuTensorMapEncodeTiled, taken
@@ -889,49 +981,46 @@ CUtensorMap att_tmap_3d(const bf16 *base, size_t cols, int T, int B, int box_row
     return m;
 }
 
-// The forward's tensor maps, made once per (q, k, v, B, T, NH, NKV, HD) and kept:
-// every layer's q, k, v are their own slices of the activations, and B, T change
-// between training, evaluation and sampling calls, so the key is the call's
-// pointers and shape, not a model-build-time list. Encoding is host-only work
-// (no device call); a full table is overwritten round-robin.
+// The tensor maps of one call, made once per (q, k, v, dout, B, T, NH, NKV, HD, boxes)
+// and kept: every layer's q, k, v are their own slices of the activations, and B, T
+// change between training, evaluation and sampling calls, so the key is the call's
+// pointers, shape and box rows (the forward's: 128 and BC, dout NULL; the backward's:
+// 64 and 64, with dout), not a model-build-time list. Encoding is host-only work (no
+// device call); a full table is overwritten round-robin.
 struct AttTmaps {
-    const void *q, *k, *v;
-    int B, T, NH, NKV, HD;
-    CUtensorMap tq, tk, tv;
+    const void *q, *k, *v, *dout;
+    int B, T, NH, NKV, HD, box_q, box_kv;
+    CUtensorMap tq, tk, tv, tdo;   // tdo only with dout
 };
 #define ATT_TMAP_SLOTS 256
 AttTmaps att_tmaps[ATT_TMAP_SLOTS];
 int att_tmaps_used = 0, att_tmaps_next = 0;
 
-const AttTmaps &att_tmaps_get(const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV, int HD,
-                              int box_q, int box_kv) {
+// q and dout share box_q rows, k and v box_kv
+const AttTmaps &att_tmaps_get(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *dout, int B, int T, int NH,
+                              int NKV, int HD, int box_q, int box_kv) {
     for (int i = 0; i < att_tmaps_used; i++) {
         const AttTmaps &e = att_tmaps[i];
-        if (e.q == q && e.k == k && e.v == v && e.B == B && e.T == T && e.NH == NH && e.NKV == NKV && e.HD == HD) {
+        if (e.q == q && e.k == k && e.v == v && e.dout == dout && e.B == B && e.T == T && e.NH == NH &&
+            e.NKV == NKV && e.HD == HD && e.box_q == box_q && e.box_kv == box_kv) {
             return e;
         }
     }
     AttTmaps &e = att_tmaps[att_tmaps_next];
     att_tmaps_next = (att_tmaps_next + 1) % ATT_TMAP_SLOTS;
     if (att_tmaps_used < ATT_TMAP_SLOTS) { att_tmaps_used++; }
-    e.q = q; e.k = k; e.v = v; e.B = B; e.T = T; e.NH = NH; e.NKV = NKV; e.HD = HD;
+    e.q = q; e.k = k; e.v = v; e.dout = dout; e.B = B; e.T = T; e.NH = NH; e.NKV = NKV; e.HD = HD;
+    e.box_q = box_q; e.box_kv = box_kv;
     e.tq = att_tmap_3d(q, (size_t)NH * HD, T, B, box_q);
     e.tk = att_tmap_3d(k, (size_t)NKV * HD, T, B, box_kv);
     e.tv = att_tmap_3d(v, (size_t)NKV * HD, T, B, box_kv);
+    if (dout) { e.tdo = att_tmap_3d(dout, (size_t)NH * HD, T, B, box_q); }
     return e;
 }
 
-// Launchers at head dim HD: the wgmma forward (FwdCfg), and the backward in the
-// lab's fastest mma.sync configuration (v2, NOTES_attention.md): blocks of 4 warps,
-// kv tiles of BC keys (dq), q tiles of BQ rows in the dk/dv pass, which keeps its
-// K/V fragments in registers at HD=64 only (register budget).
+// Launchers at head dim HD: the wgmma forward (FwdCfg) and backward (BwdCfg).
 template <int HD> struct Flash {
-    static constexpr int BWD_WARPS = 4, BC = 64, BQ = HD == 64 ? 64 : 32;
-    static constexpr bool KV_REGS = HD == 64;
-    static constexpr size_t ROW = (HD + FA_PAD) * sizeof(bf16);   // bytes of a padded smem row
-    static constexpr size_t fwd_smem = FwdCfg<HD>::SMEM;
-    static constexpr size_t dq_smem = (2 * BWD_WARPS * 16 + 4 * BC) * ROW;
-    static constexpr size_t dkdv_smem = (2 * BWD_WARPS * 16 + 4 * BQ) * ROW + 4 * BQ * sizeof(float);
+    static constexpr size_t fwd_smem = FwdCfg<HD>::SMEM, dkdv_smem = BwdCfg<HD>::DKDV_SMEM, dq_smem = BwdCfg<HD>::DQ_SMEM;
     static constexpr size_t max_smem = fwd_smem > dq_smem ? (fwd_smem > dkdv_smem ? fwd_smem : dkdv_smem)
                                                           : (dq_smem > dkdv_smem ? dq_smem : dkdv_smem);
 
@@ -939,44 +1028,46 @@ template <int HD> struct Flash {
     static void setup() {
         cudaCheck(cudaFuncSetAttribute(attention_forward_wgmma_kernel<HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem));
-        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_flash_kernel<HD, BWD_WARPS, BQ, KV_REGS>,
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dkdv_wgmma_kernel<HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem));
-        cudaCheck(cudaFuncSetAttribute(attention_backward_dq_flash_kernel<HD, BWD_WARPS, BC>,
+        cudaCheck(cudaFuncSetAttribute(attention_backward_dq_wgmma_kernel<HD>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
     }
     // attention_forward's contract: out (B, T, NH, HD), lse (B, NH, T)
     static void forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
         typedef FwdCfg<HD> C;
-        const AttTmaps &tm = att_tmaps_get(q, k, v, B, T, NH, NKV, HD, C::BR, C::BC);
+        const AttTmaps &tm = att_tmaps_get(q, k, v, NULL, B, T, NH, NKV, HD, C::BR, C::BC);
         attention_forward_wgmma_kernel<HD><<<dim3(NH, B, ceil_div(T, C::BR)), C::THREADS, fwd_smem>>>(
             out, lse, tm.tq, tm.tk, tm.tv, T, NH, NKV, LOG2E / sqrtf((float)HD));
         launchCheck();
     }
-    // attention_backward's contract: prep (Dt), then the dk/dv pass and the dq pass
+    // attention_backward's contract: prep (Dt), then the dk/dv pass and the dq pass.
+    // lse and Dt move by bulk copies when every (b, h) row of them is 16-byte aligned.
     static void backward(float *dq, float *dk, bf16 *dv, float *Dt, const bf16 *dout, const bf16 *out, const float *lse,
                          const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
+        typedef BwdCfg<HD> C;
         const float scale = 1.0f / sqrtf((float)HD), sl2 = scale * LOG2E;
         attention_backward_prep_flash_kernel<HD><<<ceil_div((size_t)B * T * NH * (HD / 8), 256), 256>>>(Dt, dout, out, B, T, NH);
         launchCheck();
-        attention_backward_dkdv_flash_kernel<HD, BWD_WARPS, BQ, KV_REGS><<<dim3(ceil_div(T, BWD_WARPS * 16), NKV, B),
-                                                                           BWD_WARPS * 32, dkdv_smem>>>(
-            dk, dv, q, k, v, dout, lse, Dt, T, NH, NKV, scale, sl2);
+        const AttTmaps &tm = att_tmaps_get(q, k, v, dout, B, T, NH, NKV, HD, 64, 64);
+        const int bulk = T % 4 == 0 && (uintptr_t)lse % 16 == 0 && (uintptr_t)Dt % 16 == 0;
+        attention_backward_dkdv_wgmma_kernel<HD><<<dim3(NKV, B, ceil_div(T, 64)), C::THREADS, dkdv_smem>>>(
+            dk, dv, tm.tq, tm.tk, tm.tv, tm.tdo, lse, Dt, T, NH, NKV, bulk, scale, sl2);
         launchCheck();
-        attention_backward_dq_flash_kernel<HD, BWD_WARPS, BC><<<dim3(ceil_div(T, BWD_WARPS * 16), NH, B),
-                                                                BWD_WARPS * 32, dq_smem>>>(
-            dq, q, k, v, dout, lse, Dt, T, NH, NKV, scale, sl2);
+        attention_backward_dq_wgmma_kernel<HD><<<dim3(NH, B, ceil_div(T, 64)), C::THREADS, dq_smem>>>(
+            dq, tm.tq, tm.tk, tm.tv, tm.tdo, lse, Dt, T, NH, NKV, scale, sl2);
         launchCheck();
     }
 };
 
 int att_smem_optin = 0;   // the device's opt-in shared memory per block (bytes), read by attention_setup
-bool att_wgmma_ok = false;   // an sm_90 device and sm_90a code for the wgmma forward, read by attention_setup
+bool att_wgmma_ok = false;   // an sm_90 device and sm_90a code for the wgmma kernels, read by attention_setup
 #endif  // !PRECISION_FP32
 
 // The dispatch rule: the fast kernels in the bf16 build at HD = 64 or 128 on an
 // sm_90 device (H100/H200: wgmma, TMA) with sm_90a code in this build, when the
-// device gives a block their shared memory (at most 104 KB, HD = 128); the simple
-// kernels otherwise.
+// device gives a block their shared memory (at most 100,392 bytes, the dk/dv pass
+// at HD = 128); the simple kernels otherwise.
 bool attention_use_flash(int HD) {
 #ifdef PRECISION_FP32
     (void)HD;
@@ -1007,7 +1098,9 @@ void attention_forward(floatX *out, float *lse, const floatX *q, const floatX *k
 
 // Writes (does not add) dq (B, T, NH, HD), dk (B, T, NKV, HD) in fp32 and dv in
 // floatX (the input of a matmul backward), given dout (B, T, NH, HD) in floatX,
-// the forward output out and its lse. Dt (B, NH, T) is scratch.
+// the forward output out and its lse. Dt (B, NH, T) is scratch. Both paths are
+// deterministic (every element written once by one thread) and take any T; the
+// fast one (Flash::backward) is the wgmma dk/dv and dq passes above.
 void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const floatX *dout, const floatX *out, const float *lse,
                         const floatX *q, const floatX *k, const floatX *v, int B, int T, int NH, int NKV, int HD) {
 #ifndef PRECISION_FP32
@@ -1029,7 +1122,7 @@ void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const float
 }
 
 // Once per model: the simple kernels take up to (4 * 32 * 257 + 64) * 4 bytes
-// = 132 KB of shared memory at HD = 256, and the flash kernels up to 104 KB:
+// = 132 KB of shared memory at HD = 256, and the flash kernels up to 98 KB:
 // allow more than the default 48 KB.
 void attention_setup(int HD) {
     if (HD > HD_MAX) { die("head dim C/NH=%d is over the CUDA trainer's %d; use more heads (-NH)", HD, HD_MAX); }

@@ -144,7 +144,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // ----------------------------------------------------------------------------
-// Tensor cores: ldmatrix of four 8x8 bf16 matrices (plain or transposed) and the
+// Tensor cores: ldmatrix of four transposed 8x8 bf16 matrices and the
 // m16n8k16 product (bf16 in, fp32 accumulation). Fragment layouts (g = lane / 4,
 // t = lane % 4):
 //   A 16x16: reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..], reg2 = A[g][2t+8..], reg3 = A[g+8][2t+8..]
@@ -152,11 +152,6 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 //   C 16x8 : c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
 typedef __nv_bfloat16 bf16;
 
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
 __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -173,81 +168,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
     return *(uint32_t *)&v;
 }
-// the A fragment of the 16x16 block made of two C tiles c[0] (columns 0-7) and c[1] (8-15), as bf16
-__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4]) {
-    a[0] = pack_bf16(c[0][0], c[0][1]); a[1] = pack_bf16(c[0][2], c[0][3]);
-    a[2] = pack_bf16(c[1][0], c[1][1]); a[3] = pack_bf16(c[1][2], c[1][3]);
-}
 
-// Per-lane ldmatrix addresses into a row-major smem tile M with row stride ld:
-//  a_addr:  A fragment of the 16x16 block at (r0, c0)         (M[m][k], plain)
-//  bt_addr: B fragments of two n-tiles, B[k][n] = M[k][n]:  rows k0..k0+15, cols n0..n0+15 (use .trans)
-//  bn_addr: B fragments of two n-tiles, B[k][n] = M[n][k]:  rows n0..n0+15, cols k0..k0+15 (plain)
-//  (bt/bn: r[0..1] = n-tile n0, r[2..3] = n-tile n0+8)
-__device__ __forceinline__ const bf16 *a_addr(const bf16 *M, int ld, int r0, int c0, int lane) {
-    return M + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
-}
+// Per-lane ldmatrix address into a row-major smem tile M with row stride ld:
+// B fragments of two n-tiles, B[k][n] = M[k][n]: rows k0..k0+15, cols n0..n0+15
+// (use .trans; r[0..1] = n-tile n0, r[2..3] = n-tile n0+8)
 __device__ __forceinline__ const bf16 *bt_addr(const bf16 *M, int ld, int k0, int n0, int lane) {
     return M + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8;
-}
-__device__ __forceinline__ const bf16 *bn_addr(const bf16 *M, int ld, int n0, int k0, int lane) {
-    return M + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8;
-}
-// Tiles of ROWS x HD bf16 between global memory and shared-memory rows padded
-// by FA_PAD bf16 (16 bytes: the 8 row addresses of an ldmatrix 8x8 matrix then hit
-// 8 different bank groups); used by the flash attention kernels
-#define FA_PAD 8
-// ROWS x HD bf16 from global g (row stride gstride) into the padded smem tile s,
-// 16 bytes per cp.async; rows at or past nvalid (past the end of the sequence)
-// are zero-filled instead, so that they only ever meet masks or zeros.
-template <int ROWS, int HD, int NT>
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, size_t gstride, int nvalid) {
-    constexpr int CPR = HD / 8;
-    static_assert(ROWS * CPR % NT == 0, "tile chunks must divide among the threads");
-#pragma unroll
-    for (int i = 0; i < ROWS * CPR / NT; i++) {
-        const int c = threadIdx.x + i * NT, r = c / CPR, cc = c % CPR;
-        bf16 *dst = s + r * (HD + FA_PAD) + cc * 8;
-        if (r < nvalid) { cp_async16(dst, g + r * gstride + cc * 8); }
-        else { *(uint4 *)dst = make_uint4(0, 0, 0, 0); }
-    }
-}
-
-// A warp's 16 rows of fp32 accumulators acc[HD/8][4] (C layout), times mul0
-// (rows 0-7) and mul1 (rows 8-15), as bf16 into its 16 smem rows sO (stride
-// HD+FA_PAD), then 16-byte coalesced stores to global rows g (row stride gstride);
-// rows at or past nrows are not stored.
-template <int HD>
-__device__ __forceinline__ void store_rows(bf16 *g, size_t gstride, bf16 *sO, const float (*acc)[4],
-                                           float mul0, float mul1, int nrows, int lane) {
-    constexpr int LD = HD + FA_PAD;
-    const int gr = lane / 4, t4 = lane % 4;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        *(uint32_t *)(sO + gr * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][0] * mul0, acc[n][1] * mul0);
-        *(uint32_t *)(sO + (gr + 8) * LD + n * 8 + 2 * t4) = pack_bf16(acc[n][2] * mul1, acc[n][3] * mul1);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int c = lane; c < 16 * HD / 8; c += 32) {
-        const int r = c / (HD / 8), cc = c % (HD / 8);
-        if (r < nrows) { *(uint4 *)(g + r * gstride + cc * 8) = *(const uint4 *)(sO + r * LD + cc * 8); }
-    }
-}
-
-// The same rows times mul into fp32 global rows g, straight from the registers:
-// each float2 store of a row's 4 lanes fills one 32-byte sector.
-template <int HD>
-__device__ __forceinline__ void store_rows_f32(float *g, size_t gstride, const float (*acc)[4], float mul, int nrows,
-                                               int lane) {
-    const int gr = lane / 4, t4 = lane % 4;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        if (gr < nrows) { *(float2 *)(g + gr * gstride + n * 8 + 2 * t4) = make_float2(acc[n][0] * mul, acc[n][1] * mul); }
-        if (gr + 8 < nrows) {
-            *(float2 *)(g + (gr + 8) * gstride + n * 8 + 2 * t4) = make_float2(acc[n][2] * mul, acc[n][3] * mul);
-        }
-    }
 }
 
 // VEC floatX values, loaded and stored as one piece (16 bytes for 8 bf16,

@@ -58,9 +58,11 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       pass (a warpgroup owns 64 query rows: S, dP, dQ += dS K), P and dS as register A operands,
       tiles by TMA into an mbarrier ring filled by thread 0. Variant 0: two warpgroups a block;
       1: one; 2: 0 with the next step's S, dP issued behind the current accumulation. Same dq, dk,
-      dv as v2 (forward: v5.0); --check also compares them with v2's backward on the same inputs.
-Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128 (v5 variant 2: any T), NH a multiple
-of NKV; v5, v6 need sm_90.
+      dv as v2 (forward: v5.0, v5.2 where T % 128 != 0); --check also compares them with v2's backward
+      on the same inputs (v1's where T % 128 != 0). Variant 1 takes any T (3D tensor maps as v5.2's);
+      it is the trainer's backward (with dq, dk in fp32 there).
+Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128 (v5 variant 2, v6 variant 1: any T), NH
+a multiple of NKV; v5, v6 need sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
 v1-v3 and v4 with variants 3-7 pass --check, repeats bit-identical; racecheck of v4 0 hazards.
@@ -1747,11 +1749,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity) {
         else if (clock64() - t0 > (1ll << 34)) { __trap(); }
     }
 }
-// rows [c1, c1 + box rows) x columns [c0, c0 + 64) of a 2D tensor map into dst, completing tx bytes on bar (v6)
-__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)) : "memory");
-}
 // rows [t, t + box rows) x columns [c0, c0 + 64) of batch b of the 3D tensor map (columns, T, B) into dst,
 // completing the box's tx bytes on bar; rows past T arrive as zeros
 __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int t, int b) {
@@ -2248,8 +2245,13 @@ static int v5_selftest() { return v5_selftest_hd<64>() + v5_selftest_hd<128>(); 
 // computed while dP^T runs; then without OVL (variants 0, 1) the step waits for its dV, dK (dQ)
 // products, with OVL (variant 2) it issues the next step's S^T, dP^T behind them and the next
 // step's first wait retires them (then the stage is released). Every output element is written once by one
-// thread (dK, dV, dQ from registers, scaled as v2's): deterministic. grid dk/dv (NKV, B, T/BK) and
-// dq (NH, B, T/BR), the slowest index heaviest first. Limits: HD 64 or 128, T % 128 == 0.
+// thread (dK, dV, dQ from registers, scaled as v2's): deterministic. grid dk/dv (NKV, B, ceil(T/BLK))
+// and dq (NH, B, ceil(T/BLK)), the slowest index heaviest first. Limits: HD 64 or 128; any T (checked
+// for variant 1 only, the trainer's): the tensor maps are 3D (columns, T, B) as v5's, so rows past T
+// arrive as zeros; queries past T get lse = +inf (p = 0, dS = 0) and D = 0 (dk/dv: thread 0 copies
+// lse and D of a q tile by hand when its 64 entries are not all inside the row or T % 4 != 0, where
+// the bulk copy's 16-byte alignment fails); keys past T are later than every query < T (the causal
+// mask); nothing past T is stored.
 template <int HD, int NWG>
 struct V6Cfg {
     static constexpr int NP = HD / 64, PANEL = 64 * 128, TILE = NP * PANEL;   // bytes of a 64-row tile
@@ -2313,7 +2315,7 @@ __global__ void __launch_bounds__(V6Cfg<HD, NWG>::THREADS, 1)
 attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__ CUtensorMap tq,
                                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                                      const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dd,
-                                     int T, int NH, int NKV, float scale, float sl2) {
+                                     int T, int NH, int NKV, int bulk, float scale, float sl2) {
 #ifdef V5_DEVICE
     using C = V6Cfg<HD, NWG>;
     constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
@@ -2323,28 +2325,40 @@ attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__
     float *sL = (float *)(sdO + ST * TILE), *sD = sL + ST * 64;
     uint64_t *own = (uint64_t *)(sD + ST * 64), *full = own + 1, *empty = full + ST;
     const int kvh = blockIdx.x, b = blockIdx.y, kb = blockIdx.z;   // kv tile 0 (the most q tiles) first
-    const int G = NH / NKV, k0 = kb * C::BLK, i0 = k0 / 64, nq = T / 64 - i0, nit = G * nq;
+    const int G = NH / NKV, k0 = kb * C::BLK, i0 = k0 / 64, nq = (T + 63) / 64 - i0, nit = G * nq;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
     if (threadIdx.x == 0) { v6_init_bars(own, ST, 4 * NWG); }
     __syncthreads();
-    // step it: query head kvh G + it / nq, q tile i0 + it % nq, into stage it % ST
+    // step it: query head kvh G + it / nq, q tile i0 + it % nq, into stage it % ST. lse and D by
+    // bulk copies where the tile's 64 entries lie in the row and are 16-byte aligned (bulk: T % 4 == 0),
+    // else by thread 0, with lse = +inf (p = 0) and D = 0 past T
     auto load = [&](int it) {
         const int s = it % ST, h = kvh * G + it / nq, qt0 = (i0 + it % nq) * 64;
-        mbar_expect_tx(full + s, 2 * TILE + 512);
-        for (int p = 0; p < NP; p++) {
-            tma_load_2d(sQ + s * TILE + p * 8192, &tq, full + s, h * HD + 64 * p, b * T + qt0);
-            tma_load_2d(sdO + s * TILE + p * 8192, &tdo, full + s, h * HD + 64 * p, b * T + qt0);
-        }
         const size_t lo = ((size_t)b * NH + h) * T + qt0;
-        bulk_load_1d(sL + s * 64, lse + lo, 256, full + s);
-        bulk_load_1d(sD + s * 64, Dd + lo, 256, full + s);
+        const bool whole = bulk && qt0 + 64 <= T;
+        if (!whole) {
+            for (int c = 0; c < 64; c++) {
+                sL[s * 64 + c] = qt0 + c < T ? lse[lo + c] : INFINITY;
+                sD[s * 64 + c] = qt0 + c < T ? Dd[lo + c] : 0.f;
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // before a later bulk copy to these words
+        }
+        mbar_expect_tx(full + s, 2 * TILE + (whole ? 512 : 0));   // releases the writes above to the waiters
+        for (int p = 0; p < NP; p++) {
+            tma_load_3d(sQ + s * TILE + p * 8192, &tq, full + s, h * HD + 64 * p, qt0, b);
+            tma_load_3d(sdO + s * TILE + p * 8192, &tdo, full + s, h * HD + 64 * p, qt0, b);
+        }
+        if (whole) {
+            bulk_load_1d(sL + s * 64, lse + lo, 256, full + s);
+            bulk_load_1d(sD + s * 64, Dd + lo, 256, full + s);
+        }
     };
     if (threadIdx.x == 0) {
         mbar_expect_tx(own, 2 * NWG * TILE);
         for (int w = 0; w < NWG; w++)
             for (int p = 0; p < NP; p++) {
-                tma_load_2d(sK + w * TILE + p * 8192, &tk, own, kvh * HD + 64 * p, b * T + k0 + 64 * w);
-                tma_load_2d(sV + w * TILE + p * 8192, &tv, own, kvh * HD + 64 * p, b * T + k0 + 64 * w);
+                tma_load_3d(sK + w * TILE + p * 8192, &tk, own, kvh * HD + 64 * p, k0 + 64 * w, b);
+                tma_load_3d(sV + w * TILE + p * 8192, &tv, own, kvh * HD + 64 * p, k0 + 64 * w, b);
             }
         for (int it = 0; it < ST && it < nit; it++) { load(it); }
     }
@@ -2446,9 +2460,10 @@ attention_backward_dkdv_wgmma_kernel(bf16 *dk, bf16 *dv, const __grid_constant__
         wgmma_wait<0>();
         fence_acc();
     }
-    // o[p][4i + 2h + e] -> key key + 8h, column 64p + 8i + 2t + e
+    // o[p][4i + 2h + e] -> key key + 8h, column 64p + 8i + 2t + e; keys past T are not stored
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
+        if (key + 8 * hh >= T) { continue; }
         const size_t ro = (((size_t)b * T + key + 8 * hh) * NKV + kvh) * HD;
 #pragma unroll
         for (int p = 0; p < NP; p++)
@@ -2479,7 +2494,7 @@ attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap
     unsigned char *sdO = sQ + NWG * TILE, *sK = sdO + NWG * TILE, *sV = sK + ST * TILE;
     uint64_t *own = (uint64_t *)(sV + ST * TILE), *full = own + 1, *empty = full + ST;
     const int h = blockIdx.x, b = blockIdx.y, qb = gridDim.z - 1 - blockIdx.z;   // the last q tile first
-    const int kvh = h / (NH / NKV), q0 = qb * C::BLK, nkv = (q0 + C::BLK - 1) / 64 + 1;
+    const int kvh = h / (NH / NKV), q0 = qb * C::BLK, nkv = (min(q0 + C::BLK, T) - 1) / 64 + 1;   // up to the last row < T
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
     if (threadIdx.x == 0) { v6_init_bars(own, ST, 4 * NWG); }
     __syncthreads();
@@ -2487,22 +2502,24 @@ attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap
         const int s = j % ST;
         mbar_expect_tx(full + s, 2 * TILE);
         for (int p = 0; p < NP; p++) {
-            tma_load_2d(sK + s * TILE + p * 8192, &tk, full + s, kvh * HD + 64 * p, b * T + 64 * j);
-            tma_load_2d(sV + s * TILE + p * 8192, &tv, full + s, kvh * HD + 64 * p, b * T + 64 * j);
+            tma_load_3d(sK + s * TILE + p * 8192, &tk, full + s, kvh * HD + 64 * p, 64 * j, b);
+            tma_load_3d(sV + s * TILE + p * 8192, &tv, full + s, kvh * HD + 64 * p, 64 * j, b);
         }
     };
     if (threadIdx.x == 0) {
         mbar_expect_tx(own, 2 * NWG * TILE);
         for (int w = 0; w < NWG; w++)
             for (int p = 0; p < NP; p++) {
-                tma_load_2d(sQ + w * TILE + p * 8192, &tq, own, h * HD + 64 * p, b * T + q0 + 64 * w);
-                tma_load_2d(sdO + w * TILE + p * 8192, &tdo, own, h * HD + 64 * p, b * T + q0 + 64 * w);
+                tma_load_3d(sQ + w * TILE + p * 8192, &tq, own, h * HD + 64 * p, q0 + 64 * w, b);
+                tma_load_3d(sdO + w * TILE + p * 8192, &tdo, own, h * HD + 64 * p, q0 + 64 * w, b);
             }
         for (int j = 0; j < ST && j < nkv; j++) { load(j); }
     }
     const int rq0 = q0 + 64 * wg, row = rq0 + 16 * wl + g;   // this thread's rows: row, row + 8
     const float *Lr = lse + ((size_t)b * NH + h) * T + row, *Dr = Dd + ((size_t)b * NH + h) * T + row;
-    const float L2[2] = {Lr[0] * LOG2E, Lr[8] * LOG2E}, Dv[2] = {Dr[0], Dr[8]};
+    // past T: lse = +inf (p = 0), D = 0
+    const float L2[2] = {row < T ? Lr[0] * LOG2E : INFINITY, row + 8 < T ? Lr[8] * LOG2E : INFINITY};
+    const float Dv[2] = {row < T ? Dr[0] : 0.f, row + 8 < T ? Dr[8] : 0.f};
     float dqa[NP][32], sc[32], dp[32];
     uint32_t dsa[4][4];
 #pragma unroll
@@ -2583,7 +2600,8 @@ attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap
         fence_acc();
     }
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
+    for (int hh = 0; hh < 2; hh++) {   // rows past T are not stored
+        if (row + 8 * hh >= T) { continue; }
         bf16 *o = dq + (((size_t)b * T + row + 8 * hh) * NH + h) * HD;
 #pragma unroll
         for (int p = 0; p < NP; p++)
@@ -2599,23 +2617,24 @@ attention_backward_dq_wgmma_kernel(bf16 *dq, const __grid_constant__ CUtensorMap
 }
 
 // Host emulation of v6's operand layouts (run by --cpu-selftest), on v5's decoders (emu_kmajor,
-// emu_nmajor): whole blocks of both passes (variant 0: two warpgroups, HD 64 and 128) on small
-// integers, through the smem images TMA's swizzle makes of each 64-row tile, the kernels'
-// descriptors and step offsets, the accumulator layout, v6_pack's A fragments, the kernels'
-// column/row indexing of lse and D, their causal masks and skip conditions, and their epilogue
-// coordinates. exp2 is replaced by an exact integer stand-in (P = S + L), so dK, dV and dQ must
-// equal the direct causal products exactly; every output element must be written exactly once.
+// emu_nmajor): whole blocks of both passes (variant 0, two warpgroups, at T = 192; every block of
+// variant 1, one warpgroup, at T = 150 with its tails; HD 64 and 128) on small integers, through the
+// smem images TMA's swizzle makes of each 64-row tile, the kernels' descriptors and step offsets,
+// the accumulator layout, v6_pack's A fragments, the kernels' column/row indexing of lse and D,
+// their causal masks and skip conditions, and their epilogue coordinates. exp2 is replaced by an
+// exact integer stand-in (P = S + L), so dK, dV and dQ must equal the direct causal products
+// exactly; every output element must be written exactly once.
 struct V6Emu {
     std::vector<int> smem;   // one int per bf16 slot
     std::vector<int> hits;
     explicit V6Emu(size_t bytes) : smem(bytes / 2, INT32_MIN), hits(bytes / 2, 0) {}
-    // TMA: rows [r0, r0 + 64) of src (row length HD) as HD/64 panels of 8 KB at base
-    void tma(const std::vector<int> &src, int HD, int r0, uint32_t base) {
+    // TMA: rows [r0, r0 + 64) of src (T rows of HD) as HD/64 panels of 8 KB at base; rows past T: zeros
+    void tma(const std::vector<int> &src, int HD, int T, int r0, uint32_t base) {
         for (int p = 0; p < HD / 64; p++)
             for (int r = 0; r < 64; r++)
                 for (int c = 0; c < 64; c++) {
                     const uint32_t a = base + p * 8192 + v5_swz(r, c);
-                    smem[a / 2] = src[(size_t)(r0 + r) * HD + 64 * p + c];
+                    smem[a / 2] = r0 + r < T ? src[(size_t)(r0 + r) * HD + 64 * p + c] : 0;
                     hits[a / 2]++;
                 }
     }
@@ -2664,10 +2683,15 @@ struct V6Emu {
     }
 };
 
-template <int HD>
-static int v6_selftest_hd() {
-    typedef V6Cfg<HD, 2> C;
-    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST, T = 192;   // one block of each pass, variant 0
+// One head (G = 1) of both passes with NWG warpgroups a block at sequence length T: the dk/dv blocks
+// kb0..kb1 and the dq blocks qb0..qb1 (each owns the BLK keys or query rows of its index). As the
+// kernels at any T: TMA zero-fills rows past T; lse and D of queries past T are +inf and 0, and the
+// stand-in maps lse = +inf to p = 0 (exp2(x - inf) = 0); nq and nkv as the kernels'; outputs past T
+// must not be written, every other output element of the emulated blocks exactly once.
+template <int HD, int NWG>
+static int v6_selftest_case(int T, int kb0, int kb1, int qb0, int qb1) {
+    typedef V6Cfg<HD, NWG> C;
+    constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST, BLK = C::BLK;
     int bad = 0;
     std::vector<int> Q(T * HD), K(T * HD), V(T * HD), dO(T * HD), L(T), D(T);
     for (auto *x : {&Q, &K, &V, &dO}) for (auto &y : *x) { y = (int)(rng_u64() % 5) - 2; }
@@ -2677,19 +2701,22 @@ static int v6_selftest_hd() {
         for (int d = 0; d < HD; d++) { x += (double)A[i * HD + d] * B[j * HD + d]; }
         return x;
     };
+    auto Lq = [&](int q) { return q < T ? (double)L[q] : INFINITY; };   // the kernels' lse, D past T
+    auto Dq = [&](int q) { return q < T ? (double)D[q] : 0.0; };
+    auto P = [](double s, double l) { return l == INFINITY ? 0.0 : s + l; };   // exp2's stand-in
     static double acc1[128][32], acc2[128][32], o1[2][128][2][32], o2[2][128][2][32];
-    // ---- dk/dv block kb = 0: keys 0..127; smem offsets as in the kernel (base 0, 1024-aligned)
-    {
-        const uint32_t sK = 0, sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sdO = sQ + ST * TILE;
+    // ---- dk/dv blocks; smem offsets as in the kernel (base 0, 1024-aligned)
+    for (int kb = kb0; kb <= kb1; kb++) {
+        const uint32_t sK = 0, sV = sK + NWG * TILE, sQ = sV + NWG * TILE, sdO = sQ + ST * TILE;
         V6Emu em(sdO + ST * TILE);
-        for (int w = 0; w < 2; w++) { em.tma(K, HD, 64 * w, sK + w * TILE); em.tma(V, HD, 64 * w, sV + w * TILE); }
+        const int k0 = kb * BLK, i0 = k0 / 64, nq = (T + 63) / 64 - i0;
+        for (int w = 0; w < NWG; w++) { em.tma(K, HD, T, k0 + 64 * w, sK + w * TILE); em.tma(V, HD, T, k0 + 64 * w, sV + w * TILE); }
         memset(o1, 0, sizeof o1); memset(o2, 0, sizeof o2);   // o1 = dK, o2 = dV
-        const int k0 = 0, i0 = k0 / 64, nq = T / 64 - i0;
         for (int it = 0; it < nq; it++) {   // one head
             const int s = it % ST, qt0 = (i0 + it % nq) * 64;
             std::fill(em.hits.begin() + (sQ + s * TILE) / 2, em.hits.begin() + (sdO + ST * TILE) / 2, 0);
-            em.tma(Q, HD, qt0, sQ + s * TILE); em.tma(dO, HD, qt0, sdO + s * TILE);
-            for (int wg = 0; wg < 2; wg++) {
+            em.tma(Q, HD, T, qt0, sQ + s * TILE); em.tma(dO, HD, T, qt0, sdO + s * TILE);
+            for (int wg = 0; wg < NWG; wg++) {
                 const int kw0 = k0 + 64 * wg;
                 if (!(qt0 + 63 >= kw0)) { continue; }
                 em.rowdot(acc1, HD, sK + wg * TILE, sQ + s * TILE);   // S^T
@@ -2700,10 +2727,10 @@ static int v6_selftest_hd() {
                     for (int i = 0; i < 8; i++)
                         for (int e = 0; e < 4; e++) {
                             const int c = 8 * i + 2 * t4 + (e & 1);   // the kernel's cL / cD index
-                            double p = acc1[th][4 * i + e] + L[qt0 + c];
+                            double p = P(acc1[th][4 * i + e], Lq(qt0 + c));
                             if (mask && qt0 + 8 * i + 2 * t4 + (e & 1) < key + 8 * (e >> 1)) { p = 0; }
                             acc1[th][4 * i + e] = p;
-                            acc2[th][4 * i + e] = p * (acc2[th][4 * i + e] - D[qt0 + c]);
+                            acc2[th][4 * i + e] = p * (acc2[th][4 * i + e] - Dq(qt0 + c));
                         }
                 }
                 em.accum(o2[wg], HD, acc1, sdO + s * TILE, &bad);
@@ -2711,16 +2738,17 @@ static int v6_selftest_hd() {
             }
         }
         for (int x : em.hits) { bad += x > 1; }
-        std::vector<int> cov(128 * HD, 0);
-        for (int wg = 0; wg < 2; wg++)
+        std::vector<int> cov(BLK * HD, 0);
+        for (int wg = 0; wg < NWG; wg++)
             for (int th = 0; th < 128; th++)
                 for (int hh = 0; hh < 2; hh++)
                     for (int p = 0; p < NP; p++)
                         for (int i = 0; i < 8; i++)
                             for (int e = 0; e < 2; e++) {
-                                const int key = 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
+                                const int key = k0 + 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
                                 const int col = 64 * p + 8 * i + 2 * (th % 4) + e;
-                                cov[key * HD + col]++;
+                                if (key >= T) { continue; }   // the kernel's epilogue: not stored
+                                cov[(key - k0) * HD + col]++;
                                 double rk = 0, rv = 0;
                                 for (int q = key; q < T; q++) {
                                     const double p_ = S(K, key, Q, q) + L[q];
@@ -2730,20 +2758,21 @@ static int v6_selftest_hd() {
                                 bad += o1[wg][th][p][4 * i + 2 * hh + e] != rk;
                                 bad += o2[wg][th][p][4 * i + 2 * hh + e] != rv;
                             }
-        for (int x : cov) { bad += x != 1; }
+        for (int r = 0; r < BLK; r++)
+            for (int c = 0; c < HD; c++) { bad += cov[r * HD + c] != (k0 + r < T ? 1 : 0); }
     }
     const int bad_dkdv = bad;
-    // ---- dq block q0 = 0: rows 0..127, kv tiles 0 and 1
-    {
-        const uint32_t sQ = 0, sdO = sQ + 2 * TILE, sK = sdO + 2 * TILE, sV = sK + ST * TILE;
+    // ---- dq blocks
+    for (int qb = qb0; qb <= qb1; qb++) {
+        const uint32_t sQ = 0, sdO = sQ + NWG * TILE, sK = sdO + NWG * TILE, sV = sK + ST * TILE;
         V6Emu em(sV + ST * TILE);
-        for (int w = 0; w < 2; w++) { em.tma(Q, HD, 64 * w, sQ + w * TILE); em.tma(dO, HD, 64 * w, sdO + w * TILE); }
+        const int q0 = qb * BLK, nkv = (std::min(q0 + BLK, T) - 1) / 64 + 1;
+        for (int w = 0; w < NWG; w++) { em.tma(Q, HD, T, q0 + 64 * w, sQ + w * TILE); em.tma(dO, HD, T, q0 + 64 * w, sdO + w * TILE); }
         memset(o1, 0, sizeof o1);
-        const int q0 = 0, nkv = (q0 + 127) / 64 + 1;
         for (int j = 0; j < nkv; j++) {
             const int s = j % ST, kt0 = 64 * j;
-            em.tma(K, HD, kt0, sK + s * TILE); em.tma(V, HD, kt0, sV + s * TILE);
-            for (int wg = 0; wg < 2; wg++) {
+            em.tma(K, HD, T, kt0, sK + s * TILE); em.tma(V, HD, T, kt0, sV + s * TILE);
+            for (int wg = 0; wg < NWG; wg++) {
                 const int rq0 = q0 + 64 * wg;
                 if (!(kt0 <= rq0 + 63)) { continue; }
                 em.rowdot(acc1, HD, sQ + wg * TILE, sK + s * TILE);
@@ -2753,39 +2782,46 @@ static int v6_selftest_hd() {
                     const int row = rq0 + 16 * (th / 32) + th % 32 / 4, t4 = th % 4;
                     for (int i = 0; i < 8; i++)
                         for (int e = 0; e < 4; e++) {
-                            double p = acc1[th][4 * i + e] + L[row + 8 * (e >> 1)];
+                            double p = P(acc1[th][4 * i + e], Lq(row + 8 * (e >> 1)));
                             if (mask && kt0 + 8 * i + 2 * t4 + (e & 1) > row + 8 * (e >> 1)) { p = 0; }
                             acc1[th][4 * i + e] = p;
                         }
-                    for (int i = 0; i < 32; i++) { acc2[th][i] = acc1[th][i] * (acc2[th][i] - D[row + 8 * ((i >> 1) & 1)]); }
+                    for (int i = 0; i < 32; i++) { acc2[th][i] = acc1[th][i] * (acc2[th][i] - Dq(row + 8 * ((i >> 1) & 1))); }
                 }
                 em.accum(o1[wg], HD, acc2, sK + s * TILE, &bad);
             }
         }
-        std::vector<int> cov(128 * HD, 0);
-        for (int wg = 0; wg < 2; wg++)
+        std::vector<int> cov(BLK * HD, 0);
+        for (int wg = 0; wg < NWG; wg++)
             for (int th = 0; th < 128; th++)
                 for (int hh = 0; hh < 2; hh++)
                     for (int p = 0; p < NP; p++)
                         for (int i = 0; i < 8; i++)
                             for (int e = 0; e < 2; e++) {
-                                const int row = 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
+                                const int row = q0 + 64 * wg + 16 * (th / 32) + th % 32 / 4 + 8 * hh;
                                 const int col = 64 * p + 8 * i + 2 * (th % 4) + e;
-                                cov[row * HD + col]++;
+                                if (row >= T) { continue; }   // not stored
+                                cov[(row - q0) * HD + col]++;
                                 double r = 0;
                                 for (int k = 0; k <= row; k++) {
                                     r += (S(Q, row, K, k) + L[row]) * (S(dO, row, V, k) - D[row]) * K[k * HD + col];
                                 }
                                 bad += o1[wg][th][p][4 * i + 2 * hh + e] != r;
                             }
-        for (int x : cov) { bad += x != 1; }
+        for (int r = 0; r < BLK; r++)
+            for (int c = 0; c < HD; c++) { bad += cov[r * HD + c] != (q0 + r < T ? 1 : 0); }
     }
     bad += (C::DKDV_SMEM > 227 * 1024) || (C::DQ_SMEM > 227 * 1024) || (C::TILE % 1024);
-    printf("v6 emulation HD=%d (dk/dv and dq blocks: TMA tiles, K-/N-major descriptors, transposed products, "
-           "register A fragments, masks, lse/D indexing, epilogue coordinates): %s (dk/dv errors %d, total %d)\n",
-           HD, bad ? "FAIL" : "ok", bad_dkdv, bad);
+    printf("v6 emulation HD=%d NWG=%d T=%d (dk/dv blocks %d-%d, dq blocks %d-%d: TMA tiles, K-/N-major descriptors, "
+           "transposed products, register A fragments, masks, lse/D indexing, tails, epilogue coordinates): %s "
+           "(dk/dv errors %d, total %d)\n", HD, NWG, T, kb0, kb1, qb0, qb1, bad ? "FAIL" : "ok", bad_dkdv, bad);
     return bad ? 1 : 0;
 }
+// variant 0's blocks 0 at T = 192 (three q tiles for the dk/dv block, incl. warpgroup 1's fully masked
+// first one; two kv tiles for the dq block, incl. warpgroup 0's skipped one), and every block of
+// variant 1 (the trainer's) at T = 150: partial last tiles of keys and queries, 22 rows past T
+template <int HD>
+static int v6_selftest_hd() { return v6_selftest_case<HD, 2>(192, 0, 0, 0, 0) + v6_selftest_case<HD, 1>(150, 0, 2, 0, 2); }
 static int v6_selftest() { return v6_selftest_hd<64>() + v6_selftest_hd<128>(); }
 
 // ----------------------------------------------------------------------------
@@ -2951,23 +2987,6 @@ static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn() {
     }
     return fn;
 }
-// A 2D map over B*T rows of cols bf16 (v6: T % 128 == 0, so a tile never crosses a batch),
-// boxes of 64 columns x box_rows rows in the 128-byte swizzle.
-static CUtensorMap make_tmap_2d(const bf16 *base, size_t cols, size_t rows, int box_rows) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * sizeof(bf16)};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, estr[2] = {1, 1};
-    const CUresult r = tmap_encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
-                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "v6: cuTensorMapEncodeTiled failed (CUresult %d) for %zu x %zu bf16, box 64 x %d\n", (int)r, rows,
-                cols, box_rows);
-        exit(1);
-    }
-    return m;
-}
-
 static CUtensorMap make_tmap_3d(const bf16 *base, size_t cols, size_t T, size_t B, int box_rows) {
     CUtensorMap m;
     const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)T, (cuuint64_t)B};
@@ -3063,11 +3082,13 @@ struct V5 {
     static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); }
 };
 
-// v6: v5's forward (variant 0) and the wgmma backward: prep + attention_backward_dkdv_wgmma_kernel +
-// attention_backward_dq_wgmma_kernel. Tensor maps of q, dout (B*T rows of NH*HD) and k, v (B*T rows
-// of NKV*HD), boxes of 64 columns x 64 rows; made once per (buffers, shape). Variants (--variant K
-// with --version 6): 0 = two warpgroups a block (128 keys or query rows), 1 = one (64), both with each
-// step's products in turn; 2 = 0 with the next step's S, dP issued behind this step's accumulation.
+// v6: v5's forward (variant 0; variant 2 where T % 128 != 0) and the wgmma backward: prep +
+// attention_backward_dkdv_wgmma_kernel + attention_backward_dq_wgmma_kernel. 3D tensor maps (as v5's) of
+// q, dout (columns NH*HD, T, B) and k, v (NKV*HD, T, B), boxes of 64 columns x 64 rows x 1; made once
+// per (buffers, shape). Variants (--variant K with --version 6): 0 = two warpgroups a block (128 keys
+// or query rows), 1 = one (64), both with each step's products in turn; 2 = 0 with the next step's S,
+// dP issued behind this step's accumulation. Variant 1 (the trainer's) is checked at any T, the
+// others at T % 128 == 0 (`unsupported`).
 static const int V6_NVARIANTS = 3;
 static const char *v6_variant_name[V6_NVARIANTS] = {"2 warpgroups a block (128 keys / query rows), serial steps",
                                                     "1 warpgroup a block (64 keys / query rows), serial steps",
@@ -3082,14 +3103,15 @@ struct V6 {
         static bool init = false;
         if (!init) { set_smem(kdkdv, C::DKDV_SMEM); set_smem(kdq, C::DQ_SMEM); init = true; }
         const float scale = 1.f / sqrtf((float)HD), sl2 = scale * LOG2E;
+        const int nb = (s.T + C::BLK - 1) / C::BLK, bulk = s.T % 4 == 0;   // d.lse, d.D: cudaMalloc'd, 256-aligned
         backward_prep<HD>(s, d);
-        kdkdv<<<dim3(s.NKV, s.B, s.T / C::BLK), C::THREADS, C::DKDV_SMEM>>>(d.dk, d.dv, tm[0], tm[1], tm[2], tm[3],
-                                                                          d.lse, d.D, s.T, s.NH, s.NKV, scale, sl2);
+        kdkdv<<<dim3(s.NKV, s.B, nb), C::THREADS, C::DKDV_SMEM>>>(d.dk, d.dv, tm[0], tm[1], tm[2], tm[3], d.lse, d.D,
+                                                                s.T, s.NH, s.NKV, bulk, scale, sl2);
         char what[64];
         snprintf(what, sizeof what, "attention_backward_dkdv_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
         launch_check(what);
-        kdq<<<dim3(s.NH, s.B, s.T / C::BLK), C::THREADS, C::DQ_SMEM>>>(d.dq, tm[0], tm[1], tm[2], tm[3], d.lse, d.D,
-                                                                     s.T, s.NH, s.NKV, scale, sl2);
+        kdq<<<dim3(s.NH, s.B, nb), C::THREADS, C::DQ_SMEM>>>(d.dq, tm[0], tm[1], tm[2], tm[3], d.lse, d.D, s.T, s.NH,
+                                                           s.NKV, scale, sl2);
         snprintf(what, sizeof what, "attention_backward_dq_wgmma_kernel (v6.%d)", OVL ? 2 : NWG == 2 ? 0 : 1);
         launch_check(what);
     }
@@ -3098,10 +3120,10 @@ struct V6 {
         static Shape ks = {0, 0, 0, 0, 0};
         static CUtensorMap tm[4];   // q, k, v, dout
         if (key[0] != d.q || key[1] != d.k || key[2] != d.v || key[3] != d.dout || memcmp(&ks, &s, sizeof s)) {
-            tm[0] = make_tmap_2d(d.q, (size_t)s.NH * HD, (size_t)s.B * s.T, 64);
-            tm[1] = make_tmap_2d(d.k, (size_t)s.NKV * HD, (size_t)s.B * s.T, 64);
-            tm[2] = make_tmap_2d(d.v, (size_t)s.NKV * HD, (size_t)s.B * s.T, 64);
-            tm[3] = make_tmap_2d(d.dout, (size_t)s.NH * HD, (size_t)s.B * s.T, 64);
+            tm[0] = make_tmap_3d(d.q, (size_t)s.NH * HD, s.T, s.B, 64);
+            tm[1] = make_tmap_3d(d.k, (size_t)s.NKV * HD, s.T, s.B, 64);
+            tm[2] = make_tmap_3d(d.v, (size_t)s.NKV * HD, s.T, s.B, 64);
+            tm[3] = make_tmap_3d(d.dout, (size_t)s.NH * HD, s.T, s.B, 64);
             key[0] = d.q; key[1] = d.k; key[2] = d.v; key[3] = d.dout; ks = s;
         }
         if (var == 0) { launch<2, false>(s, d, tm); }
@@ -3134,9 +3156,10 @@ static const char *unsupported(int ver, const Shape &s) {
     if (s.NKV <= 0 || s.NH % s.NKV) { return "NH must be a multiple of NKV"; }
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
     if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
-    if ((ver == 2 || ver == 3 || ver == 6) && s.T % 128) { return "T must be a multiple of 128"; }
-    // v5: variant 2 (the trainer's) takes any T; the others are checked at T % 128 == 0 only
+    if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
+    // v5 variant 2 and v6 variant 1 (the trainer's) take any T; the others are checked at T % 128 == 0 only
     if (ver == 5 && g_variant != 2 && s.T % 128) { return "T must be a multiple of 128 (v5 variants 0, 1, 3)"; }
+    if (ver == 6 && g_variant != 1 && s.T % 128) { return "T must be a multiple of 128 (v6 variants 0, 2)"; }
     if (ver == 5 || ver == 6) { return v5_device_unsupported(); }
     return NULL;
 }
@@ -3146,7 +3169,10 @@ static void run_forward(int ver, const Shape &s, const Bufs &d) {
     else if (ver == 2) { s.HD == 64 ? V2_64::forward(s, d) : V2_128::forward(s, d); }
     else if (ver == 3) { s.HD == 64 ? V3_64::forward(s, d) : V3_128::forward(s, d); }
     else if (ver == 5) { s.HD == 64 ? V5<64>::forward(s, d, g_variant) : V5<128>::forward(s, d, g_variant); }
-    else if (ver == 6) { s.HD == 64 ? V5<64>::forward(s, d, 0) : V5<128>::forward(s, d, 0); }
+    else if (ver == 6) {   // v5.0; v5.2 (any T) at tails
+        const int fv = s.T % 128 ? 2 : 0;
+        s.HD == 64 ? V5<64>::forward(s, d, fv) : V5<128>::forward(s, d, fv);
+    }
     else { forward_v4(s, d); }
 }
 // needs out and lse of a forward run (the backward reads them, as in the trainer)
@@ -3271,12 +3297,14 @@ static bool check_version(int ver, Shape s, double qsd) {
         e2l = rel_err_f32(gl[0], l2d, &fin2);
     }
     // v6 against v2's backward on the same inputs and the same out, lse (v5's forward): dq, dk, dv
+    // (v1's where T % 128 != 0: v2 takes no tails)
     double e2q = 0, e2k = 0, e2v = 0;
+    const int ref6 = s.T % 128 ? 1 : 2;
     if (ver == 6) {
         std::vector<uint16_t> q2, k2, v2;
         cudaCheck(cudaMemset(d.dq, 0xff, nq * 2)); cudaCheck(cudaMemset(d.dk, 0xff, nk * 2));
         cudaCheck(cudaMemset(d.dv, 0xff, nk * 2)); cudaCheck(cudaMemset(d.D, 0xff, nl * 4));
-        run_backward(2, s, d);
+        run_backward(ref6, s, d);
         cudaCheck(cudaDeviceSynchronize());
         download(q2, d.dq, nq); download(k2, d.dk, nk); download(v2, d.dv, nk);
         std::vector<double> q2d(nq), k2d(nk), v2d(nk);
@@ -3303,7 +3331,7 @@ static bool check_version(int ver, Shape s, double qsd) {
     char tag[96] = "";
     if (ver == 4) { snprintf(tag, sizeof tag, ".%d", g_variant); }
     if (ver == 5) { snprintf(tag, sizeof tag, ".%d (vs v2 fwd: out %.2e lse %.2e)", g_variant, e2o, e2l); }
-    if (ver == 6) { snprintf(tag, sizeof tag, ".%d (vs v2 bwd: dq %.2e dk %.2e dv %.2e)", g_variant, e2q, e2k, e2v); }
+    if (ver == 6) { snprintf(tag, sizeof tag, ".%d (vs v%d bwd: dq %.2e dk %.2e dv %.2e)", g_variant, ref6, e2q, e2k, e2v); }
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d q.sd=%g: rel err out %.2e lse %.2e dq%s %.2e dk %.2e dv %.2e | %s | "
            "repeat %s%s | %s\n", ver, tag, s.B, s.T, s.NH, s.NKV, s.HD, qsd, eo, el, dq_fp32 ? "(fp32)" : "", eq, ek, ev,
            finite ? "all finite" : "NaN/Inf", same ? "bit-identical" : "DIFFERS",
@@ -3315,8 +3343,9 @@ static const Shape *g_check_shape = NULL;   // --shape with --check: that shape 
 static bool check(int ver) {
     if (g_check_shape) { return check_version(ver, *g_check_shape, 2.0); }
     // T multiples of 128 (v2/v3); GQA 2, 4, 1 (MHA) and MQA; peaky and mild softmax; four with
-    // tails (T % 64 != 0; v1, v4 and v5.2): partial q and kv tiles, and T = 7 (one partial tile,
-    // TMA boxes taller than the tensor; sampling's short T); T = 1024: 8 (HD 64) and
+    // tails (T % 64 != 0; v1, v4, v5.2 and v6.1): partial q and kv tiles, and T = 7 (one partial tile,
+    // TMA boxes taller than the tensor; sampling's short T; T % 4 != 0: v6's lse, D copied by hand);
+    // T = 1024: 8 (HD 64) and
     // 16 (HD 128) kv tiles for the last q tile, so that v5's ring of 4 (3) stages wraps
     struct { Shape s; double qsd; } cases[] = {
         {{2, 256, 8, 4, 64}, 1.0}, {{1, 512, 8, 2, 64}, 4.0}, {{1, 384, 4, 4, 64}, 1.0},
@@ -3428,8 +3457,8 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
     std::vector<std::vector<double>> med(cfgs.size());
     for (int r = 0; r < rounds; r++)
         for (size_t c = 0; c < cfgs.size(); c++) {
+            g_variant = cfgs[c].var;   // before unsupported(), which reads it
             if (unsupported(cfgs[c].ver, s)) { continue; }
-            g_variant = cfgs[c].var;
             run_forward(cfgs[c].ver, s, d);
             std::vector<float> tb;
             for (int i = 0; i < 3 + reps; i++) {

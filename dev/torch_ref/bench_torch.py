@@ -449,15 +449,15 @@ def hunt(a):
     ok = sorted((r for r in results if r[1]), key=lambda r: -float(field(r[1], "tok_s")))
     ref = next((float(field(l, "tok_s")) for n, l, _ in results if n == "fast" and l), None)
     print(f"\n{'run':<22} {'tok_s':>9} {'vs fast':>8} {'peak_mib':>9} {'step_ms':>8} {'loss':>8} "
-          f"{'warmup_s':>8}  (hunt, {time.time() - start:.0f} s; best first)")
+          f"{'warmup_s':>8} {'graphs':>6}  (hunt, {time.time() - start:.0f} s; best first)")
     for name, line, _ in ok:
         tps = float(field(line, "tok_s"))
         rel = f"{tps / ref:.3f}" if ref else "-"
         print(f"{name:<22} {tps:>9.0f} {rel:>8} {field(line, 'peak_mib'):>9} {field(line, 'step_ms'):>8} "
-              f"{field(line, 'loss'):>8} {field(line, 'warmup_s'):>8}")
+              f"{field(line, 'loss'):>8} {field(line, 'warmup_s'):>8} {field(line, 'graphs'):>6}")
     for name, line, err in results:
         if not line:
-            print(f"{name:<22} {'-':>9} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>8}  {err}")
+            print(f"{name:<22} {'-':>9} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>8} {'-':>6}  {err}")
     if not ok:
         fail("no run of the hunt finished; see the errors above" +
              (f" and the logs in {a.hunt_logs}" if a.hunt_logs else " (--hunt-logs keeps them)"))

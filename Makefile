@@ -57,8 +57,9 @@ dev/bench_matmul: dev/bench_matmul.c train_mhar.c $(HEADERS)
 
 # Every test: data_prep's tokenizer tests (they fetch the GPT-2 rank file and
 # Moby Dick once), the PyTorch float64 reference checks of the hand-written
-# gradients and of the optimiser steps, the speed baseline (fast_model.py) against the
-# reference model.py, the plots and the routing probe, the study's scripts
+# gradients and of the optimiser steps, the speed baseline (fast_model.py) and its plain control
+# (plain_model.py) against the reference model.py with a CPU smoke run of bench_torch.py, the
+# plots and the routing probe, the study's scripts
 # (dev/test_study.sh: the collector on its fixture, study.sh end to end on the CPU), the
 # bad-input, divergence and checkpoint tests through the sanitizer build, the fuzz corpus, the
 # layout check (dev/check_layout.sh: no kernel or getenv in train_mhar.cu, no paths of the dev

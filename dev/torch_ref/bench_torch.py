@@ -1,20 +1,33 @@
 #!/usr/bin/env python3
-"""Speed baseline: training steps of the PyTorch MHAR model, timed; and a sweep for the fastest setup.
+"""Speed baseline: training steps of the PyTorch MHAR model, timed; a sweep for the fastest setup,
+and a hunt for what separates the baseline from a plain whole-model compile.
 
-Two implementations of the same SPEC model (check_fast_model.py proves they agree):
+Three implementations of the same SPEC model (check_fast_model.py proves they agree):
   --impl fast   fast_model.py: per-block nn.Linear, fused QKV and gate/up, RoPE tables, SDPA with
                 enable_gqa, aligned LM-head GEMM, routing with cached statistics (the baseline)
+  --impl plain  plain_model.py (std only): the model as a PyTorch user writes it from SPEC,
+                nanoGPT style (nn.Linear per matrix, RMSNorm modules with F.rms_norm, nn.Embedding
+                tied to the head), a control for fast
   --impl ref    model.py: the float64 reference as written (stacked parameters, RoPE angles per
                 forward, repeat_interleave for GQA), for comparison
 A step is bf16 autocast forward + backward, clipping at global norm 1.0
 (clip_grad_norm_ with foreach), fused AdamW (SPEC 6's betas, eps, decay on the matrices).
 Options: --compile-mode (torch.compile's mode, or none), --sdpa (the attention backend, forced
-with torch.nn.attention.sdpa_kernel; auto lets torch choose), --gqa (fast: native enable_gqa or
-repeat_interleave; auto probes whether the backend takes enable_gqa), --head (fast: vp or v).
+with torch.nn.attention.sdpa_kernel; auto lets torch choose), --gqa (fast, plain: native
+enable_gqa or repeat_interleave; auto probes whether the backend takes enable_gqa), --head
+(fast, plain: vp or v), --norm (fast, plain: manual = model.py's rmsnorm, fused = F.rms_norm;
+auto = manual for fast, fused for plain where torch has it).
+Diagnostic switches (fast, plain; the defaults are the baseline): --no-clip (no clip_grad_norm_;
+any impl), --loss-vp (cross-entropy over all Vp columns: NOT SPEC's model, the padded logits
+enter the softmax; only to time it), --residual-dtype bf16 (the residual stream in bf16, the
+autocast dtype, instead of float32).
 It prints one line that names the whole configuration, then the measurements:
-    torch <mode> impl fast compile default sdpa cudnn gqa native head vp tok_s N peak_mib N step_ms X loss X graphs N
+    torch <mode> impl fast compile default sdpa flash gqa native head vp norm manual ce v resid fp32
+      clip 1.0 tok_s N peak_mib N step_ms X loss X graphs N warmup_s X
 dev/bench_gpu.sh reads tok_s and peak_mib by name. Timing starts after --warmup steps (they
-include compilation); every step takes the next batch of a pool of random tokens.
+include compilation; warmup_s is their time); every step takes the next batch of a pool of
+random tokens. One seed gives fast and plain the same parameters and batches, so their loss
+agrees to bf16 rounding.
 
 --sweep runs each configuration in its own process (a failing backend prints its error and the
 sweep goes on): first every --sweep-sdpa backend with the first --sweep-modes mode, then the best
@@ -22,11 +35,18 @@ backend with each further mode; --sweep-ref adds one run of --impl ref after the
 Runs that would pass --sweep-budget seconds in all are cut (timeout) or skipped. It ends with a
 table, the best run's line (same format as above, so bench_gpu.sh can read it) and its flags.
 
+--hunt (std) times, each in its own process within --hunt-budget seconds, the baseline (fast),
+plain, then fast with one switch flipped at a time (no-clip, loss-vp, norm fused, head v,
+residual bf16), then plain variants; base flags --compile-mode default --sdpa flash --gqa native
+--head vp unless given. --hunt-runs picks runs by name, --hunt-logs keeps each run's output.
+It ends with a table, best first, with each run's speed relative to fast, and the best flags.
+
     python3 dev/torch_ref/bench_torch.py --mode std                      # the 100M model, B=16, T=2048
     python3 dev/torch_ref/bench_torch.py --mode mhar --H 8 --compile-mode max-autotune-no-cudagraphs --sdpa cudnn
     python3 dev/torch_ref/bench_torch.py --mode std --sweep --sweep-ref --steps 10 --warmup 3
+    python3 dev/torch_ref/bench_torch.py --hunt --hunt-logs hunt_logs     # ~280 s on an H200
     python3 dev/torch_ref/bench_torch.py --device cpu --dtype fp32 --L 2 --C 64 --NH 4 --NKV 2 \\
-        --F 128 --T 32 --B 2 --steps 3 --warmup 1 --no-compile                # a CPU smoke test
+        --F 128 --T 32 --B 2 --steps 3 --warmup 1 --no-compile [--impl plain]   # a CPU smoke test
 """
 import argparse
 import contextlib
@@ -36,19 +56,37 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+T_START = time.time()   # --hunt's budget counts from here, so it covers importing torch too
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fast_model import HAS_GQA, HAS_SDPA, FastMHAR  # noqa: E402
+from fast_model import HAS_GQA, HAS_RMS_NORM, HAS_SDPA, FastMHAR  # noqa: E402
 from mhar_io import Config  # noqa: E402
 from model import MHAR  # noqa: E402
+from plain_model import PlainGPT  # noqa: E402
 
 TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 COMPILE_MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs", "none"]
 CUDAGRAPH_MODES = {"reduce-overhead", "max-autotune"}
 SDPA_BACKENDS = ["auto", "cudnn", "flash", "efficient", "math"]
 REF_DECAYED = {"wte", "wq", "wk", "wv", "wo", "wg", "wu", "wd"}   # model.py's matrices
+# --hunt's runs, the most informative first: the baseline, the plain model (a model-code cause
+# shows as plain > fast), then fast with one switch flipped (a harness or layout cause shows as
+# that run > fast), then plain variants (which of plain's differences matters, and the
+# nanoGPT-style harness without clipping and with the loss over Vp)
+HUNT_RUNS = [
+    ("fast", []),
+    ("plain", ["--impl", "plain"]),
+    ("fast-no-clip", ["--no-clip"]),
+    ("fast-loss-vp", ["--loss-vp"]),
+    ("fast-norm-fused", ["--norm", "fused"]),
+    ("fast-head-v", ["--head", "v"]),
+    ("fast-resid-bf16", ["--residual-dtype", "bf16"]),
+    ("plain-norm-manual", ["--impl", "plain", "--norm", "manual"]),
+    ("plain-no-clip-loss-vp", ["--impl", "plain", "--no-clip", "--loss-vp"]),
+]
 
 
 def fail(msg):
@@ -68,22 +106,49 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    ap.add_argument("--impl", choices=["fast", "ref"], default="fast")
+    ap.add_argument("--impl", choices=["fast", "plain", "ref"], default="fast",
+                    help="fast_model.py (the baseline), plain_model.py (std only), or model.py")
     ap.add_argument("--compile-mode", choices=COMPILE_MODES, default="default")
     ap.add_argument("--no-compile", action="store_true", help="same as --compile-mode none")
-    ap.add_argument("--sdpa", choices=SDPA_BACKENDS, default="auto")
-    ap.add_argument("--gqa", choices=["auto", "native", "repeat"], default="auto",
-                    help="fast: SDPA's enable_gqa, or repeat_interleave of k and v (ref: always repeat)")
+    ap.add_argument("--sdpa", choices=SDPA_BACKENDS, default=None, help="default auto (--hunt: flash)")
+    ap.add_argument("--gqa", choices=["auto", "native", "repeat"], default=None,
+                    help="fast, plain: SDPA's enable_gqa, or repeat_interleave of k and v (ref: always "
+                         "repeat); default auto (--hunt: native)")
     ap.add_argument("--head", choices=["vp", "v"], default="vp",
-                    help="fast: LM-head GEMM over all Vp rows then the V columns, or over wte[:V] (ref: v)")
+                    help="fast, plain: LM-head GEMM over all Vp rows then the V columns, or over wte[:V] (ref: v)")
+    ap.add_argument("--norm", choices=["auto", "manual", "fused"], default="auto",
+                    help="fast, plain: model.py's rmsnorm (manual) or F.rms_norm (fused, torch >= 2.4); "
+                         "auto: manual for fast, fused for plain where torch has it")
+    ap.add_argument("--no-clip", action="store_true", help="diagnostic: skip clip_grad_norm_")
+    ap.add_argument("--loss-vp", action="store_true",
+                    help="diagnostic only (fast, plain): cross-entropy over all Vp columns, so the padded "
+                         "logits enter the softmax: a slightly different model from SPEC's")
+    ap.add_argument("--residual-dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="diagnostic (fast, plain; needs --dtype bf16): bf16 keeps the residual stream in the "
+                         "autocast dtype instead of the embedding's float32")
     ap.add_argument("--sweep", action="store_true", help="time each configuration in a subprocess")
     ap.add_argument("--sweep-sdpa", default="cudnn,flash,efficient")
     ap.add_argument("--sweep-modes", default="default,reduce-overhead,max-autotune-no-cudagraphs,max-autotune")
     ap.add_argument("--sweep-ref", action="store_true", help="also time --impl ref once")
     ap.add_argument("--sweep-budget", type=float, default=540, help="seconds for the whole sweep")
+    ap.add_argument("--hunt", action="store_true",
+                    help="time the baseline, plain, and single-switch variants, each in a subprocess (std); "
+                         "--impl, --norm and the diagnostic switches are what it varies, so it ignores them")
+    ap.add_argument("--hunt-budget", type=float, default=280,
+                    help="seconds for the whole hunt, from the start of this process")
+    ap.add_argument("--hunt-runs", default=",".join(n for n, _ in HUNT_RUNS),
+                    help="the hunt's runs by name, in this order")
+    ap.add_argument("--hunt-run-max", type=float, default=150, help="seconds at most for one hunt run")
+    ap.add_argument("--hunt-logs", default="", help="a folder for each hunt run's stdout and stderr")
     a = ap.parse_args(argv)
     if a.no_compile:
         a.compile_mode = "none"
+    a.sdpa = a.sdpa or ("flash" if a.hunt else "auto")
+    a.gqa = a.gqa or ("native" if a.hunt else "auto")
+    names = dict(HUNT_RUNS)
+    bad = [n for n in a.hunt_runs.split(",") if n not in names]
+    if bad or not a.hunt_runs:
+        fail(f"--hunt-runs {a.hunt_runs}: unknown {','.join(bad) or 'empty list'}; choose from {','.join(names)}")
     for opt, vals, allowed in (("--sweep-sdpa", a.sweep_sdpa, SDPA_BACKENDS),
                                ("--sweep-modes", a.sweep_modes, COMPILE_MODES)):
         bad = [v for v in vals.split(",") if v not in allowed]
@@ -137,19 +202,32 @@ def build(a, cfg):
     if not HAS_SDPA and a.sdpa != "auto":
         fail(f"--sdpa {a.sdpa}: torch {torch.__version__} has no F.scaled_dot_product_attention; pass --sdpa auto")
     if a.impl == "ref":
-        gqa = "repeat"                     # model.py repeats k and v; it slices wte[:V]
+        if a.norm != "auto" or a.loss_vp or a.residual_dtype != "fp32":
+            fail("--impl ref is model.py as written: --norm, --loss-vp and --residual-dtype are for "
+                 "--impl fast and plain")
+        gqa, head, norm = "repeat", "v", "manual"   # model.py repeats k and v; it slices wte[:V]
         model = MHAR(cfg)
         decay = [p for n, p in model.named_parameters() if n in REF_DECAYED]
         other = [p for n, p in model.named_parameters() if n not in REF_DECAYED]
-        head = "v"
     else:
+        if a.impl == "plain" and cfg.mode != "std":
+            fail(f"--impl plain is std only (plain_model.py), not --mode {cfg.mode}")
         if a.gqa == "native" and not HAS_GQA:
             fail(f"--gqa native needs torch >= 2.5 (enable_gqa), have {torch.__version__}; pass --gqa repeat")
+        norm = a.norm if a.norm != "auto" else "fused" if a.impl == "plain" and HAS_RMS_NORM else "manual"
+        if norm == "fused" and not HAS_RMS_NORM:
+            fail(f"--norm fused needs F.rms_norm (torch >= 2.4), have {torch.__version__}; pass --norm manual")
+        if a.loss_vp and a.head != "vp":
+            fail("--loss-vp reads all Vp logits: it needs --head vp")
+        if a.residual_dtype == "bf16" and a.dtype != "bf16":
+            fail("--residual-dtype bf16 needs --dtype bf16 (autocast)")
         gqa = a.gqa
         if gqa == "auto":
             gqa = "native" if HAS_GQA and probe_sdpa(cfg, a.device, dev_dtype, True)[0] else "repeat"
         attn = "plain" if not HAS_SDPA else ("sdpa_gqa" if gqa == "native" else "sdpa_repeat")
-        model = FastMHAR(cfg, attn=attn, head=a.head)
+        resid = torch.bfloat16 if a.residual_dtype == "bf16" else None
+        cls = FastMHAR if a.impl == "fast" else PlainGPT
+        model = cls(cfg, attn=attn, head=a.head, norm=norm, loss_vp=a.loss_vp, residual_dtype=resid)
         decay = model.matrices()
         ids = {id(p) for p in decay}
         other = [p for p in model.parameters() if id(p) not in ids]
@@ -157,7 +235,9 @@ def build(a, cfg):
     if HAS_SDPA and a.sdpa == "auto":
         works, chosen = probe_sdpa(cfg, a.device, dev_dtype, gqa == "native")
         sdpa_label = f"auto:{chosen}" if works and chosen else "auto"
-    return model.to(a.device), decay, other, f"sdpa {sdpa_label} gqa {gqa} head {head}"
+    label = (f"sdpa {sdpa_label} gqa {gqa} head {head} norm {norm} ce {'vp' if a.loss_vp else 'v'} "
+             f"resid {a.residual_dtype} clip {'off' if a.no_clip else '1.0'}")
+    return model.to(a.device), decay, other, label
 
 
 def run_one(a):
@@ -195,7 +275,8 @@ def run_one(a):
                                 enabled=a.dtype == "bf16"):
                 loss = run(x, y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0, **foreach)
+            if not a.no_clip:
+                torch.nn.utils.clip_grad_norm_(params, 1.0, **foreach)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss
@@ -204,9 +285,11 @@ def run_one(a):
             if cuda:
                 torch.cuda.synchronize()
 
+        t_warm = time.perf_counter()
         for i in range(a.warmup):
             step(i)
         sync()
+        warmup_s = time.perf_counter() - t_warm
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -224,24 +307,43 @@ def run_one(a):
             pass
     name = a.mode if a.mode == "std" else f"mhar_H{a.H}_S{a.S}"
     print(f"torch {name} impl {a.impl} compile {compile_mode} {attn_label} tok_s {tok_s:.0f} "
-          f"peak_mib {peak:.0f} step_ms {1000 * dt / a.steps:.1f} loss {loss.item():.4f} graphs {graphs}",
-          flush=True)
+          f"peak_mib {peak:.0f} step_ms {1000 * dt / a.steps:.1f} loss {loss.item():.4f} graphs {graphs} "
+          f"warmup_s {warmup_s:.1f}", flush=True)
 
 
 # ------------------------------------------------------------------------------ the sweep
 
-def child_flags(a, impl, mode, sdpa):
+def shape_flags(a):
+    """The flags every child shares: model shape, steps, device and precision."""
     flags = ["--mode", a.mode, "--H", str(a.H), "--S", str(a.S)]
     for name in ("L", "C", "NH", "NKV", "F", "V", "T", "B", "steps", "warmup"):
         flags += [f"--{name}", str(getattr(a, name))]
-    flags += ["--device", a.device, "--dtype", a.dtype, "--impl", impl, "--compile-mode", mode, "--sdpa", sdpa]
-    if impl == "fast":
-        flags += ["--gqa", a.gqa, "--head", a.head]
-    return flags
+    return flags + ["--device", a.device, "--dtype", a.dtype]
 
 
-def run_child(flags, timeout):
-    """Run one configuration; returns (its 'torch ...' line or None, error text, seconds)."""
+def child_flags(a, impl, mode, sdpa):
+    flags = shape_flags(a) + ["--impl", impl, "--compile-mode", mode, "--sdpa", sdpa]
+    if impl != "ref":
+        flags += ["--gqa", a.gqa, "--head", a.head, "--norm", a.norm, "--residual-dtype", a.residual_dtype]
+        flags += ["--loss-vp"] if a.loss_vp else []
+    return flags + (["--no-clip"] if a.no_clip else [])
+
+
+def line_flags(line):
+    """bench_torch.py's flags for the configuration a result line names."""
+    impl = field(line, "impl")
+    sdpa = field(line, "sdpa").split(":")[0]
+    flags = f"--impl {impl} --compile-mode {field(line, 'compile')} --sdpa {'auto' if sdpa == 'none' else sdpa}"
+    if impl != "ref":
+        flags += f" --gqa {field(line, 'gqa')} --head {field(line, 'head')} --norm {field(line, 'norm')}"
+        flags += " --loss-vp" if field(line, "ce") == "vp" else ""
+        flags += " --residual-dtype bf16" if field(line, "resid") == "bf16" else ""
+    return flags + (" --no-clip" if field(line, "clip") == "off" else "")
+
+
+def run_child(flags, timeout, log=None):
+    """Run one configuration; returns (its 'torch ...' line or None, error text, seconds). With log
+    (a path prefix), its stdout and stderr are kept in log.out and log.err."""
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)] + flags, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -249,13 +351,24 @@ def run_child(flags, timeout):
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)   # the run and its compile workers
-        proc.communicate()
+        out, err = proc.communicate()
+        if log:
+            write_log(log, flags, out, err)
         return None, f"timeout after {timeout:.0f} s", time.time() - t0
+    if log:
+        write_log(log, flags, out, err)
     line = next((l for l in out.splitlines() if l.startswith("torch ")), None)
     if proc.returncode != 0 or line is None:
         lines = [l for l in err.splitlines() if l.strip()]
         return None, f"exit {proc.returncode}: " + (lines[-1].strip() if lines else "no output"), time.time() - t0
     return line, "", time.time() - t0
+
+
+def write_log(prefix, flags, out, err):
+    with open(prefix + ".out", "w") as f:
+        f.write("flags: " + " ".join(flags) + "\n" + (out or ""))
+    with open(prefix + ".err", "w") as f:
+        f.write(err or "")
 
 
 def field(line, key):
@@ -302,15 +415,62 @@ def sweep(a):
     best = max(ok, key=lambda r: float(field(r[3], "tok_s")))
     print("\nbest:")
     print(best[3])
-    flags = f"--impl {best[0]} --compile-mode {best[1]} --sdpa {best[2]}"
-    if best[0] == "fast":
-        flags += f" --gqa {field(best[3], 'gqa')} --head {field(best[3], 'head')}"
-    print(f"best flags: {flags}")
+    print(f"best flags: {line_flags(best[3])}")
+
+
+# ------------------------------------------------------------------------------ the hunt
+
+def hunt(a):
+    """Time HUNT_RUNS (those --hunt-runs names) one by one, each in its own process; then a table,
+    best first, with tok_s relative to the run named fast (the baseline), and the best flags."""
+    if a.mode != "std":
+        fail("--hunt compares against plain_model.py, which is std only: pass --mode std")
+    start = T_START
+    runs = dict(HUNT_RUNS)
+    base = shape_flags(a) + ["--impl", "fast", "--compile-mode", a.compile_mode, "--sdpa", a.sdpa,
+                             "--gqa", a.gqa, "--head", a.head]
+    if a.hunt_logs:
+        os.makedirs(a.hunt_logs, exist_ok=True)
+    print(f"hunt: torch {torch.__version__}, {a.device}, budget {a.hunt_budget:.0f} s; base flags: "
+          f"--impl fast --compile-mode {a.compile_mode} --sdpa {a.sdpa} --gqa {a.gqa} --head {a.head}", flush=True)
+    results = []   # (name, line or None, error)
+    for name in a.hunt_runs.split(","):
+        left = a.hunt_budget - (time.time() - start)
+        if left < 20:
+            results.append((name, None, "skipped: hunt budget spent"))
+            print(f"hunt {name}: skipped (budget)", flush=True)
+            continue
+        log = os.path.join(a.hunt_logs, name) if a.hunt_logs else None
+        line, err, secs = run_child(base + runs[name], min(left, a.hunt_run_max), log)
+        results.append((name, line, err))
+        what = f"tok_s {field(line, 'tok_s')} peak_mib {field(line, 'peak_mib')}" if line else f"FAILED: {err}"
+        print(f"hunt {name} ({' '.join(runs[name]) or 'baseline'}): {what} ({secs:.0f} s)", flush=True)
+
+    ok = sorted((r for r in results if r[1]), key=lambda r: -float(field(r[1], "tok_s")))
+    ref = next((float(field(l, "tok_s")) for n, l, _ in results if n == "fast" and l), None)
+    print(f"\n{'run':<22} {'tok_s':>9} {'vs fast':>8} {'peak_mib':>9} {'step_ms':>8} {'loss':>8} "
+          f"{'warmup_s':>8} {'graphs':>6}  (hunt, {time.time() - start:.0f} s; best first)")
+    for name, line, _ in ok:
+        tps = float(field(line, "tok_s"))
+        rel = f"{tps / ref:.3f}" if ref else "-"
+        print(f"{name:<22} {tps:>9.0f} {rel:>8} {field(line, 'peak_mib'):>9} {field(line, 'step_ms'):>8} "
+              f"{field(line, 'loss'):>8} {field(line, 'warmup_s'):>8} {field(line, 'graphs'):>6}")
+    for name, line, err in results:
+        if not line:
+            print(f"{name:<22} {'-':>9} {'-':>8} {'-':>9} {'-':>8} {'-':>8} {'-':>8} {'-':>6}  {err}")
+    if not ok:
+        fail("no run of the hunt finished; see the errors above" +
+             (f" and the logs in {a.hunt_logs}" if a.hunt_logs else " (--hunt-logs keeps them)"))
+    print("\nbest:")
+    print(ok[0][1])
+    print(f"best flags: {line_flags(ok[0][1])}")
 
 
 def main():
     a = parse_args()
-    if a.sweep:
+    if a.hunt:
+        hunt(a)
+    elif a.sweep:
         sweep(a)
     else:
         run_one(a)

@@ -26,6 +26,13 @@ mode (any S), but is laid out the way a fast PyTorch transformer is written, so 
 Precision under bf16 autocast follows model.py: norms and routing in float32, the residual
 stream in float32 (the embedding is float32), the matrix products in bf16.
 
+Diagnostic options for bench_torch.py (defaults give the baseline above):
+  norm="fused"          F.rms_norm (torch >= 2.4) for every rmsnorm instead of model.py's
+  loss_vp=True          cross-entropy over all Vp columns (the padded logits enter the softmax:
+                        NOT SPEC's model, only to time what that costs)
+  residual_dtype=dtype  cast the embedding to dtype (bf16 under autocast keeps the residual
+                        stream, or mhar's sources, in bf16 instead of float32)
+
 Parameters map to the checkpoint layout (mhar_io.param_layout) through load_layout() and
 layout(); check_fast_model.py uses that to copy model.py's parameters across.
 """
@@ -42,6 +49,7 @@ from model import RMS_EPS, ROPE_BASE, _compute_dtype, rmsnorm  # the same norm (
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")                      # torch >= 2.0
 HAS_GQA = HAS_SDPA and tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+HAS_RMS_NORM = hasattr(F, "rms_norm")                                      # torch >= 2.4
 ATTN_IMPLS = ("sdpa_gqa", "sdpa_repeat", "plain")
 
 
@@ -49,6 +57,13 @@ def available_attn_impls() -> List[str]:
     """The attention implementations the installed torch can run."""
     return [a for a in ATTN_IMPLS if a == "plain" or (a == "sdpa_repeat" and HAS_SDPA) or
             (a == "sdpa_gqa" and HAS_GQA)]
+
+
+def fused_rmsnorm(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """SPEC 3's rmsnorm as torch's F.rms_norm (torch >= 2.4). The same function in float32 and
+    float64; for a bf16 x under autocast (QK-norm) torch computes in float32 and may round the
+    normalised value to bf16 before the weight, where model.py's rmsnorm does not round."""
+    return F.rms_norm(x, (x.shape[-1],), g, RMS_EPS)
 
 
 def rope_tables(T: int, HD: int):
@@ -123,9 +138,11 @@ class FastMHAR(nn.Module):
 
     attn: "sdpa_gqa", "sdpa_repeat" or "plain" (see the module docstring); default: the first
     of those the installed torch has. head: "vp" (GEMM over all Vp rows, loss over the first V
-    columns) or "v" (GEMM over wte[:V])."""
+    columns) or "v" (GEMM over wte[:V]). norm ("manual": model.py's rmsnorm, or "fused"), loss_vp
+    and residual_dtype: the diagnostic options of the module docstring."""
 
-    def __init__(self, cfg: Config, attn: Optional[str] = None, head: str = "vp"):
+    def __init__(self, cfg: Config, attn: Optional[str] = None, head: str = "vp", norm: str = "manual",
+                 loss_vp: bool = False, residual_dtype: Optional[torch.dtype] = None):
         super().__init__()
         problems = cfg.problems()
         if problems:
@@ -136,7 +153,14 @@ class FastMHAR(nn.Module):
                              f"(available: {', '.join(available_attn_impls())})")
         if head not in ("vp", "v"):
             raise ValueError(f"head {head!r}: use 'vp' or 'v'")
+        if norm not in ("manual", "fused") or (norm == "fused" and not HAS_RMS_NORM):
+            raise ValueError(f"norm {norm!r}: use 'manual' or 'fused' (F.rms_norm, torch >= 2.4; "
+                             f"have {torch.__version__})")
+        if loss_vp and head != "vp":
+            raise ValueError("loss_vp reads all Vp logits: it needs head 'vp'")
         self.cfg, self.attn, self.head_rows = cfg, attn, head
+        self.norm = fused_rmsnorm if norm == "fused" else rmsnorm
+        self.loss_vp, self.residual_dtype = loss_vp, residual_dtype
         self.wte = nn.Parameter(torch.empty(cfg.Vp, cfg.C))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.L))
         self.lnfw = nn.Parameter(torch.empty(cfg.C))
@@ -228,8 +252,8 @@ class FastMHAR(nn.Module):
         B, T, _ = u.shape
         NH, NKV, HD = cfg.NH, cfg.NKV, cfg.HD
         q, k, v = b.qkv(u).split([NH * HD, NKV * HD, NKV * HD], dim=-1)
-        q = rope(rmsnorm(q.view(B, T, NH, HD), b.qnw), self.rope_cos, self.rope_sin)
-        k = rope(rmsnorm(k.view(B, T, NKV, HD), b.knw), self.rope_cos, self.rope_sin)
+        q = rope(self.norm(q.view(B, T, NH, HD), b.qnw), self.rope_cos, self.rope_sin)
+        k = rope(self.norm(k.view(B, T, NKV, HD), b.knw), self.rope_cos, self.rope_sin)
         # q and k leave the norm in >= float32; SDPA takes one dtype (under autocast bf16, the
         # dtype autocast would cast q and k to)
         v = v.view(B, T, NKV, HD)
@@ -258,8 +282,8 @@ class FastMHAR(nn.Module):
         """f_j(rmsnorm(x; g_j)): even j attention of block j/2, odd j its MLP (SPEC 2)."""
         b = self.blocks[j // 2]
         if j % 2 == 0:
-            return self.attention(b, rmsnorm(x, b.ln1w))
-        return self.mlp(b, rmsnorm(x, b.ln2w))
+            return self.attention(b, self.norm(x, b.ln1w))
+        return self.mlp(b, self.norm(x, b.ln2w))
 
     # ------------------------------------------------------------------ residual modes
 
@@ -298,7 +322,12 @@ class FastMHAR(nn.Module):
         if idx.shape[1] > self.cfg.T:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's T={self.cfg.T}")
         V = self.cfg.V
-        h = rmsnorm(self.stream(F.embedding(idx, self.wte)), self.lnfw)
+        x0 = F.embedding(idx, self.wte)
+        if self.residual_dtype is not None:
+            x0 = x0.to(self.residual_dtype)
+        h = self.norm(self.stream(x0), self.lnfw)
+        if self.loss_vp and targets is not None:
+            return F.cross_entropy(F.linear(h, self.wte).reshape(-1, self.cfg.Vp), targets.reshape(-1))
         if self.head_rows == "vp":
             logits = F.linear(h, self.wte)[..., :V]
         else:

@@ -999,32 +999,45 @@ static size_t causal_mismatches(const float *l1, const float *l2, int B, int T, 
     return bad;
 }
 
-static void check_causal(const char *name, Config cfg) {
-    int B = 3, T = cfg.T, t0 = T / 2 + 1;
+// The logits (B*T, V) of a batch by some forward (the CPU model, a GPU trainer), into logits
+typedef void (*LogitsFn)(void *ctx, const int *in, const int *tg, int B, int T, float *logits);
+
+// check_causal's test on forward f of a model with vocabulary V: a random batch of B sequences of T
+// tokens, then its two perturbations at t0; bad[which] = the rows that moved and must not have
+static void causal_rows_moved(LogitsFn f, void *ctx, int V, int B, int T, int t0, uint64_t seed, size_t bad[2]) {
     size_t N = (size_t)B * T;
-    uint64_t rng = 77;
+    uint64_t rng = seed;
     int *in = (int *)malloc_check(N * sizeof(int)), *in2 = (int *)malloc_check(N * sizeof(int));
     int *tg = (int *)malloc_check(N * sizeof(int));
-    float *l1 = (float *)malloc_check(N * cfg.V * sizeof(float)), *l2 = (float *)malloc_check(N * cfg.V * sizeof(float));
-    random_tokens(in, N, cfg.V, &rng);
-    random_tokens(tg, N, cfg.V, &rng);
+    float *l1 = (float *)malloc_check(N * V * sizeof(float)), *l2 = (float *)malloc_check(N * V * sizeof(float));
+    random_tokens(in, N, V, &rng);
+    random_tokens(tg, N, V, &rng);
+    f(ctx, in, tg, B, T, l1);
+    for (int which = 0; which < 2; which++) {
+        causal_perturb(in2, in, B, T, t0, which, V, &rng);
+        f(ctx, in2, tg, B, T, l2);
+        bad[which] = causal_mismatches(l1, l2, B, T, V, t0, which);
+    }
+    free(in); free(in2); free(tg); free(l1); free(l2);
+}
+
+static void cpu_logits(void *ctx, const int *in, const int *tg, int B, int T, float *logits) {
+    Model *m = (Model *)ctx;
+    model_forward(m, in, tg, B, T, 0);
+    for (size_t i = 0; i < (size_t)B * T * m->cfg.V; i++) { logits[i] = (float)m->acts.logits[i]; }
+}
+
+static void check_causal(const char *name, Config cfg) {
+    int B = 3, t0 = cfg.T / 2 + 1;
     Model m;
     model_build(&m, &cfg, 42, 0.02f);
     gpu_test_params(&m, 99);   // moderate parameters: every path carries signal
-    model_forward(&m, in, tg, B, T, 0);
-    for (size_t i = 0; i < N * cfg.V; i++) { l1[i] = (float)m.acts.logits[i]; }
     size_t bad[2];
-    for (int which = 0; which < 2; which++) {
-        causal_perturb(in2, in, B, T, t0, which, cfg.V, &rng);
-        model_forward(&m, in2, tg, B, T, 0);
-        for (size_t i = 0; i < N * cfg.V; i++) { l2[i] = (float)m.acts.logits[i]; }
-        bad[which] = causal_mismatches(l1, l2, B, T, cfg.V, t0, which);
-    }
+    causal_rows_moved(cpu_logits, &m, cfg.V, B, cfg.T, t0, 77, bad);
     check(bad[0] == 0 && bad[1] == 0,
           "causal %-12s logits before position %d unchanged by later tokens: %zu rows moved; other sequences unchanged by sequence 0: %zu rows moved",
           name, t0, bad[0], bad[1]);
     model_free(&m);
-    free(in); free(in2); free(tg); free(l1); free(l2);
 }
 
 #ifdef MHAR_GPU
@@ -1162,35 +1175,29 @@ static void check_gpu_model(const char *name, Config cfg, const GpuPrecision *P,
 }
 
 // Causality on the GPU (check_causal's test): B sequences of cfg.T tokens, logits from the
-// trainer's forward (forward_backward's copy) of the batch and of its two perturbations
+// trainer's forward (forward_backward's copy)
+typedef struct { const GpuPrecision *P; void *g; } GpuCtx;
+static void gpu_logits(void *ctx, const int *in, const int *tg, int B, int T, float *logits) {
+    GpuCtx *c = (GpuCtx *)ctx;
+    c->P->forward_backward(c->g, in, tg, B, T, logits, NULL);
+}
+
 static void check_gpu_causal(const char *name, Config cfg, const GpuPrecision *P, int B) {
     int T = cfg.T, t0 = T / 2 + 37 < T ? T / 2 + 37 : T / 2 + 1;   // not a multiple of any tile
-    size_t N = (size_t)B * T;
-    uint64_t rng = 78;
-    int *in = (int *)malloc_check(N * sizeof(int)), *in2 = (int *)malloc_check(N * sizeof(int));
-    int *tg = (int *)malloc_check(N * sizeof(int));
-    float *l1 = (float *)malloc_check(N * cfg.V * sizeof(float)), *l2 = (float *)malloc_check(N * cfg.V * sizeof(float));
-    random_tokens(in, N, cfg.V, &rng);
-    random_tokens(tg, N, cfg.V, &rng);
     Model m;
     model_build(&m, &cfg, 42, 0.02f);
     gpu_test_params(&m, 99);
     float *pf = (float *)malloc_check(m.nparams * sizeof(float));
     for (size_t i = 0; i < m.nparams; i++) { pf[i] = (float)m.params_mem[i]; }
     model_free(&m);
-    void *g = P->create(&cfg, pf, B, T);
-    P->forward_backward(g, in, tg, B, T, l1, NULL);
+    GpuCtx c = {P, P->create(&cfg, pf, B, T)};
     size_t bad[2];
-    for (int which = 0; which < 2; which++) {
-        causal_perturb(in2, in, B, T, t0, which, cfg.V, &rng);
-        P->forward_backward(g, in2, tg, B, T, l2, NULL);
-        bad[which] = causal_mismatches(l1, l2, B, T, cfg.V, t0, which);
-    }
+    causal_rows_moved(gpu_logits, &c, cfg.V, B, T, t0, 78, bad);
     check(bad[0] == 0 && bad[1] == 0,
           "GPU %s causal %-16s B=%d T=%d: logits before position %d unchanged by later tokens: %zu rows moved; other sequences unchanged by sequence 0: %zu rows moved",
           P->name, name, B, T, t0, bad[0], bad[1]);
-    P->free(g);
-    free(pf); free(in); free(in2); free(tg); free(l1); free(l2);
+    P->free(c.g);
+    free(pf);
 }
 
 // The 100M shape of the study (dev/runs/study_matrix.txt: L12 C512 NH8 NKV4 F1536 T2048, B=16)

@@ -44,8 +44,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mhar_io import Config, param_layout
-from model import RMS_EPS, ROPE_BASE, _compute_dtype, rmsnorm  # the same norm (SPEC 3) and constants
+from mhar_io import Config
+from model import RMS_EPS, ROPE_BASE, _compute_dtype, init_tensors, rmsnorm  # the same norm (SPEC 3), init and constants
 
 HAS_SDPA = hasattr(F, "scaled_dot_product_attention")                      # torch >= 2.0
 HAS_GQA = HAS_SDPA and tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -178,17 +178,7 @@ class FastMHAR(nn.Module):
         rows V..Vp-1 of wte 0 (model.py's CHOICE). Drawn tensor by tensor in the checkpoint
         layout's order and shapes, as model.py draws them, so one seed gives both models the
         same parameters."""
-        tensors = {}
-        for name, shape in param_layout(self.cfg):
-            t = torch.empty(shape, dtype=self.wte.dtype, device=self.wte.device)
-            if name == "rq":
-                t.zero_()
-            elif name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
-                t.fill_(1.0)
-            else:
-                t.normal_(0.0, 0.02, generator=generator)
-            tensors[name] = t
-        tensors["wte"][self.cfg.V:].zero_()
+        tensors = init_tensors(self.cfg, self.wte.dtype, self.wte.device, generator)
         self.load_layout(tensors)
 
     def _apply(self, fn, *args, **kwargs):

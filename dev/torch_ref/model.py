@@ -14,7 +14,7 @@ Team choices where SPEC is silent are marked "CHOICE".
 """
 
 import math
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -82,6 +82,36 @@ def route(sources: List[torch.Tensor], q: torch.Tensor, gamma: torch.Tensor,
     return out.reshape(B, T, C)
 
 
+@torch.no_grad()
+def init_tensors(cfg: Config, dtype: torch.dtype = torch.float64, device=None,
+                 generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """Every parameter at its initial value, by name, drawn tensor by tensor in the checkpoint
+    layout's order and shapes (so one seed gives model.py, fast_model.py and plain_model.py the
+    same parameters):
+    SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0.
+    SPEC 8 (hc): alpha 0.02 N(0,1), A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1).
+    SPEC 9: delta's null sources and gates 0.
+    CHOICE: the padded rows V..Vp-1 of wte are set to 0 (they never enter the loss)."""
+    out = {}
+    for name, shape in param_layout(cfg):
+        p = torch.empty(shape, dtype=dtype, device=device)
+        if name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
+            p.fill_(1.0)
+        elif name in ("rq", "dnull", "dalpha"):
+            p.zero_()
+        elif name in ("hcalpha", "hca", "hcbeta"):
+            p.normal_(0.0, 0.02, generator=generator)
+            if name == "hca":
+                p += torch.eye(cfg.n, dtype=p.dtype, device=p.device)
+            if name == "hcbeta":
+                p[:, 0] += 1.0
+        else:
+            p.normal_(0.0, 0.02, generator=generator)
+        out[name] = p
+    out["wte"][cfg.V:].zero_()
+    return out
+
+
 class MHAR(nn.Module):
     """The transformer of SPEC 3 with the residual modes of SPEC 4, 5 and 9."""
 
@@ -101,24 +131,10 @@ class MHAR(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: Optional[torch.Generator] = None):
-        """SPEC 6: all matrices N(0, 0.02^2); all norm weights and gamma 1; routing queries 0.
-        SPEC 8 (hc): alpha 0.02 N(0,1), A = I + 0.02 N(0,1), beta = e_0 + 0.02 N(0,1).
-        SPEC 9: delta's null sources and gates 0.
-        CHOICE: the padded rows V..Vp-1 of wte are set to 0 (they never enter the loss)."""
+        """init_tensors' draws, in this model's dtype and device."""
+        tensors = init_tensors(self.cfg, self.wte.dtype, self.wte.device, generator)
         for name, p in self.named_parameters():
-            if name in ("ln1w", "ln2w", "qnw", "knw", "lnfw", "rg"):
-                p.fill_(1.0)
-            elif name in ("rq", "dnull", "dalpha"):
-                p.zero_()
-            elif name in ("hcalpha", "hca", "hcbeta"):
-                p.normal_(0.0, 0.02, generator=generator)
-                if name == "hca":
-                    p += torch.eye(self.cfg.n, dtype=p.dtype)
-                if name == "hcbeta":
-                    p[:, 0] += 1.0
-            else:
-                p.normal_(0.0, 0.02, generator=generator)
-        self.wte[self.cfg.V:].zero_()
+            p.copy_(tensors[name])
 
     @torch.no_grad()
     def load_checkpoint(self, ck: Checkpoint):

@@ -34,7 +34,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mhar_io import Config, param_layout
+from mhar_io import Config
+from model import init_tensors   # the shared initial draws (one seed, the same parameters)
 
 RMS_EPS = 1e-6        # SPEC 3
 ROPE_BASE = 10000.0   # SPEC 3
@@ -199,15 +200,7 @@ class PlainGPT(nn.Module):
     def init_weights(self, generator: Optional[torch.Generator] = None):
         """SPEC 6: matrices N(0, 0.02^2), norm weights 1; the padded rows of wte 0 (model.py's
         CHOICE). Drawn in the checkpoint layout's order and shapes, as model.py draws them."""
-        tensors = {}
-        for name, shape in param_layout(self.cfg):
-            t = torch.empty(shape, dtype=self.wte.weight.dtype, device=self.wte.weight.device)
-            if name in ("ln1w", "ln2w", "qnw", "knw", "lnfw"):
-                t.fill_(1.0)
-            else:
-                t.normal_(0.0, 0.02, generator=generator)
-            tensors[name] = t
-        tensors["wte"][self.cfg.V:].zero_()
+        tensors = init_tensors(self.cfg, self.wte.weight.dtype, self.wte.weight.device, generator)
         self.load_layout(tensors)
 
     def matrices(self) -> List[nn.Parameter]:

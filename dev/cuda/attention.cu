@@ -13,9 +13,11 @@ Run:
     ./attention --all [--check] [--bench]    every version (both modes when neither is named)
   options: --shape B,T,NH,NKV,HD (check and bench this shape only), --reps N, --seed S,
            --variant K[,K..] (v4's variants, 0-9; ablations 1, 2, 8, 9 are skipped by --check;
-                              v5's, 0-3; v6's, 0-2)
+                              v5's, 0-5; v6's, 0-2)
     ./attention --bench-list 2,4.0,4.5 [--shape ..] [--reps N] [--rounds R]
-                                             backward of several (version.variant) on one input set
+    ./attention --bench-list 5.2,5.4 [--shape ..] [--reps N] [--rounds R]
+                                             forward and backward of several (version.variant) on one
+                                             input set, in turns (tables: backward vs v2, forward vs the first)
 
 The op (SPEC section 3; CPU: attention_forward/attention_backward in train_mhar.c):
   q (B, T, NH, HD), k, v (B, T, NKV, HD), out (B, T, NH, HD), row-major, bf16;
@@ -49,10 +51,17 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       consumer warpgroups (128 query rows a block). Variant 0 overlaps each softmax with the
       next S and the previous P V on the tensor cores; variant 1 runs them in turn; variant 2 is
       1 without the producer warp (thread 0 refills the ring), two blocks per SM; variant 3 is 0
-      with the two warpgroups taking turns to issue (named barriers, ping-pong). Same out and
-      lse layouts as v2; the backward is v2's (v1's where T % 128 != 0). --check also compares
-      out and lse with v2's (v1's where T % 128 != 0). Variant 2 takes any T (3D tensor maps:
-      rows past T zero-filled by TMA, never stored); it is the trainer's forward.
+      with the two warpgroups taking turns to issue (named barriers, ping-pong); variant 4 is 2's
+      block (no producer warp) with an overlap inside each warpgroup: S_{j+1} and P_{j-1} V_{j-1}
+      in flight while the softmax of S_j runs (two S accumulators, kv tiles of 64, 4 stages, one
+      block per SM by registers; v5_overlap_order); variant 5 is 2's block with FlashAttention-3's
+      order (one S accumulator: P_{j-1} V_{j-1} in flight during the softmax of S_j; kv tiles of
+      64, two blocks per SM at HD 64; v5_fa3_order). --cpu-selftest runs both orders on a host
+      model of the block. ptxas serialises the wgmmas of variants 0 and 3 (warning C7514), not
+      those of 4 and 5. Same out and lse layouts as v2; the backward is v2's (v1's where
+      T % 128 != 0). --check also compares out and lse with v2's (v1's where T % 128 != 0).
+      Variants 2, 4 and 5 take any T (3D tensor maps: rows past T zero-filled by TMA, never
+      stored); 2 is the trainer's forward.
   v6  the backward on wgmma + TMA (sm_90a only), v2's deterministic split: prep, a dk/dv pass
       (a warpgroup owns 64 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q) and a dq
       pass (a warpgroup owns 64 query rows: S, dP, dQ += dS K), P and dS as register A operands,
@@ -61,7 +70,7 @@ Versions (NOTES_attention.md has the design, the two floors and predictions):
       dv as v2 (forward: v5.0, v5.2 where T % 128 != 0); --check also compares them with v2's backward
       on the same inputs (v1's where T % 128 != 0). Variant 1 takes any T (3D tensor maps as v5.2's);
       it is the trainer's backward (with dq, dk in fp32 there).
-Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128 (v5 variant 2, v6 variant 1: any T), NH
+Limits of v2/v3/v5/v6: HD in {64, 128}, T a multiple of 128 (v5 variants 2, 4, 5, v6 variant 1: any T), NH
 a multiple of NKV; v5, v6 need sm_90.
 
 STATUS (H200, 2026-11-29; dev/results/lab/attention_h200_2026-11-29.txt, attention_v4_h200_2026-11-29.txt):
@@ -83,6 +92,7 @@ variant beats v2's 7-matmul split, and the trainer keeps v2 (v3's forward at HD=
 #include <time.h>
 #include <vector>
 #include <algorithm>
+#include <type_traits>
 
 typedef __nv_bfloat16 bf16;
 
@@ -1705,15 +1715,26 @@ __host__ __device__ __forceinline__ uint32_t v5_swz(uint32_t row, uint32_t col) 
 
 // MODE (the variant): 0 = producer warp, overlapped consumers; 1 = producer warp, serial consumers;
 // 2 = no producer warp (thread 0 issues the copies between its own steps), serial consumers, 256
-// threads and 2 stages so that two blocks share an SM; 3 = 0 with the warpgroups issuing in turns.
+// threads and 2 stages so that two blocks share an SM; 3 = 0 with the warpgroups issuing in turns;
+// 4 = 2's block (no producer warp, 256 threads) with each warpgroup's S_{j+1} and P_{j-1} V_{j-1} in
+// flight during the softmax of S_j (two S accumulators, ping-pong), kv tiles of 64, 4 stages;
+// 5 = 2's block with P_{j-1} V_{j-1} in flight during the softmax of S_j (one S accumulator).
 template <int HD, int MODE = 0>
 struct V5Cfg {
     // Modes 0 and 1, one block per SM: ptxas caps 288 threads at 168 registers (it counts whole
     // warpgroups: 384 x 168 = 64K), and two such blocks at 96, which spills the 64 S + 32 O
     // accumulators; HD 128 takes kv tiles of 64 so that S (32), P (16) and O (64 registers) of the
     // overlapped mode fit in 168. Mode 2: 2 x 256 threads x 128 registers, 2 x (82 or 99 KB) smem.
-    static constexpr int BR = 128, BC = HD == 64 ? 128 : 64, NP = HD / 64;
-    static constexpr int ST = MODE == 2 ? 2 : HD == 64 ? 4 : 3, THREADS = MODE == 2 ? 256 : 288, MINB = MODE == 2 ? 2 : 1;
+    // Mode 4 holds two S (2 x 32 at BC = 64), P (16) and O (32 or 64 registers) at once: one block
+    // per SM at both head sizes (ptxas: 146 / 190 registers, 81 / 161 KB smem); capped at 128
+    // registers for two blocks it spills (HD 64: 248 bytes, and serialises the wgmmas, C7512), and
+    // BC = 128 needs 255 with spills. ST >= 3: step j issues S_{j+1} before it releases tile j - 1.
+    // Mode 5 holds one S, P and O: two blocks per SM at HD 64 (116 registers, 2 x 81 KB); at HD 128
+    // two blocks would spill (168 bytes, C7512), so one (148 registers, 161 KB).
+    static constexpr bool PRODUCER = MODE < 4 && MODE != 2;   // warp 8 issues every copy
+    static constexpr int BR = 128, BC = HD == 64 && MODE < 4 ? 128 : 64, NP = HD / 64;
+    static constexpr int ST = MODE == 2 ? 2 : HD == 64 || MODE >= 4 ? 4 : 3;
+    static constexpr int THREADS = PRODUCER ? 288 : 256, MINB = MODE == 2 || (MODE == 5 && HD == 64) ? 2 : 1;
     static constexpr int PANEL_Q = BR * 128, PANEL_KV = BC * 128;   // bytes of one 64-column panel
     static constexpr int Q_BYTES = NP * PANEL_Q, KV_BYTES = NP * PANEL_KV;
     static constexpr int NBARS = 1 + 3 * ST;                         // q full; per stage K full, V full, empty
@@ -1820,6 +1841,100 @@ __device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const uint32_t (&a)
 #undef V5_D64
 #endif
 
+// Mode 4's step order for one warpgroup over its n >= 1 kv tiles, shared by the kernel and its host
+// model (v5_order_selftest, --cpu-selftest). x(op, s, j) performs one operation: op a V5Op tag, s which
+// S accumulator (0: sc, 1: sb; a tag, so that each array keeps its registers), j a kv tile.
+// Step j < n - 1 starts with S_j complete in cur and P_{j-1} V_{j-1} in flight (j > 0):
+//   issue S_{j+1} into nxt; softmax of S_j (reads cur only); wait_group 1 retires P_{j-1} V_{j-1};
+//   release tile j - 1 (thread 0: refill its stage with tile j - 1 + ST); O *= alpha; P_j = cur;
+//   issue P_j V_j; wait_group 1 retires S_{j+1}.
+// So the softmax of S_j runs under S_{j+1} and P_{j-1} V_{j-1}, and no instruction but a wgmma touches
+// the registers of a group in flight (else ptxas serialises the wgmmas: C7514, C7515). The last step
+// has no next S. A warpgroup's last tile is never released: its stage is not refilled (below).
+enum V5Op { V5_WAIT_K, V5_WAIT_V, V5_ISSUE_S, V5_ISSUE_PV, V5_WAIT1, V5_WAIT0, V5_FENCE_S, V5_FENCE_OP, V5_SOFTMAX,
+            V5_RESCALE, V5_PACK, V5_RELEASE, V5_REFILL };
+template <int K> using v5_tag = std::integral_constant<int, K>;
+template <class X>
+__host__ __device__ __forceinline__ void v5_overlap_order(X &x, int n) {
+    const v5_tag<0> A;
+    const v5_tag<1> B;
+    auto retire_pv = [&](auto cur, int j, auto wait) {   // P_{j-1} V_{j-1} complete: O, pa free
+        x(wait, cur, 0);
+        x(v5_tag<V5_FENCE_OP>(), cur, 0);
+        if (j > 0) { x(v5_tag<V5_RELEASE>(), cur, j - 1); x(v5_tag<V5_REFILL>(), cur, j - 1); }
+        x(v5_tag<V5_RESCALE>(), cur, j);
+        x(v5_tag<V5_PACK>(), cur, j);
+        x(v5_tag<V5_WAIT_V>(), cur, j);
+        x(v5_tag<V5_ISSUE_PV>(), cur, j);
+    };
+    auto step = [&](auto cur, auto nxt, int j) {
+        x(v5_tag<V5_WAIT_K>(), nxt, j + 1);
+        x(v5_tag<V5_ISSUE_S>(), nxt, j + 1);
+        x(v5_tag<V5_SOFTMAX>(), cur, j);
+        retire_pv(cur, j, v5_tag<V5_WAIT1>());
+        x(v5_tag<V5_WAIT1>(), nxt, 0);   // S_{j+1} complete; P_j V_j may run
+        x(v5_tag<V5_FENCE_S>(), nxt, 0);
+    };
+    auto last = [&](auto cur, int j) {
+        x(v5_tag<V5_SOFTMAX>(), cur, j);
+        retire_pv(cur, j, v5_tag<V5_WAIT0>());
+        x(v5_tag<V5_WAIT0>(), cur, 0);
+        x(v5_tag<V5_FENCE_S>(), cur, 0);
+        x(v5_tag<V5_FENCE_OP>(), cur, 0);
+    };
+    x(v5_tag<V5_WAIT_K>(), A, 0);
+    x(v5_tag<V5_ISSUE_S>(), A, 0);
+    x(v5_tag<V5_WAIT0>(), A, 0);
+    x(v5_tag<V5_FENCE_S>(), A, 0);
+    int j = 0;
+    for (; j + 2 < n; j += 2) {   // steps j and j + 1, neither the last: S_j in sc, S_{j+1} in sb
+        step(A, B, j);
+        step(B, A, j + 1);
+    }
+    if (j + 1 < n) {
+        step(A, B, j);
+        last(B, j + 1);
+    } else {
+        last(A, j);
+    }
+}
+
+// Mode 5's order (FlashAttention-3's algorithm 2, one S accumulator; x and n as above). Step j >= 1
+// starts with P_{j-1} in pa and nothing in flight: issue S_j; O *= alpha_{j-1}; issue P_{j-1} V_{j-1};
+// wait_group 1 retires S_j; softmax of S_j (under P_{j-1} V_{j-1}); wait_group 0; release tile j - 1
+// (thread 0: refill); P_j = S_j. The last P V after the loop. Only P V runs under a softmax.
+template <class X>
+__host__ __device__ __forceinline__ void v5_fa3_order(X &x, int n) {
+    const v5_tag<0> A;
+    x(v5_tag<V5_WAIT_K>(), A, 0);
+    x(v5_tag<V5_ISSUE_S>(), A, 0);
+    x(v5_tag<V5_WAIT0>(), A, 0);
+    x(v5_tag<V5_FENCE_S>(), A, 0);
+    x(v5_tag<V5_SOFTMAX>(), A, 0);
+    x(v5_tag<V5_PACK>(), A, 0);
+    for (int j = 1; j < n; j++) {
+        x(v5_tag<V5_WAIT_K>(), A, j);
+        x(v5_tag<V5_ISSUE_S>(), A, j);
+        x(v5_tag<V5_RESCALE>(), A, j - 1);
+        x(v5_tag<V5_WAIT_V>(), A, j - 1);
+        x(v5_tag<V5_ISSUE_PV>(), A, j - 1);
+        x(v5_tag<V5_WAIT1>(), A, 0);   // S_j complete; P_{j-1} V_{j-1} may run
+        x(v5_tag<V5_FENCE_S>(), A, 0);
+        x(v5_tag<V5_SOFTMAX>(), A, j);
+        x(v5_tag<V5_WAIT0>(), A, 0);   // P_{j-1} V_{j-1} complete: O, pa free
+        x(v5_tag<V5_FENCE_OP>(), A, 0);
+        x(v5_tag<V5_RELEASE>(), A, j - 1);
+        x(v5_tag<V5_REFILL>(), A, j - 1);
+        x(v5_tag<V5_PACK>(), A, j);
+    }
+    x(v5_tag<V5_RESCALE>(), A, n - 1);
+    x(v5_tag<V5_WAIT_V>(), A, n - 1);
+    x(v5_tag<V5_ISSUE_PV>(), A, n - 1);
+    x(v5_tag<V5_WAIT0>(), A, 0);
+    x(v5_tag<V5_FENCE_S>(), A, 0);
+    x(v5_tag<V5_FENCE_OP>(), A, 0);
+}
+
 template <int HD, int MODE>
 __global__ void __launch_bounds__(V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::MINB)
 attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CUtensorMap tq,
@@ -1860,7 +1975,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             tma_load_3d(sV + s * C::KV_BYTES + p * C::PANEL_KV, &tv, vfull + s, kvh * HD + 64 * p, j * BC, b);
         }
     };
-    if (MODE != 2 && warp == 8) {   // producer: one lane issues every copy; waits for a stage's release to refill it
+    if (C::PRODUCER && warp == 8) {   // producer: one lane issues every copy; waits for a stage's release to refill it
         if (lane == 0) {
             load_q();
             for (int j = 0; j < nkv; j++) {
@@ -1871,7 +1986,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         }
         return;
     }
-    if (MODE == 2 && threadIdx.x == 0) {   // the first ST tiles; the rest after each release (below)
+    if (!C::PRODUCER && threadIdx.x == 0) {   // the first ST tiles; the rest after each release (below)
         load_q();
         for (int j = 0; j < ST && j < nkv; j++) { load_kv(j); }
     }
@@ -1879,7 +1994,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     // consumers: warpgroup wg owns rows q0 + 64 wg .. +63, warp wl of it rows rw .. rw + 15
     const int wg = warp / 4, wl = warp % 4, g = lane / 4, t4 = lane % 4;
     const int rw = q0 + wg * 64 + wl * 16;
-    float o[NP][32], sc[BC / 2];
+    float o[NP][32], sc[BC / 2], sb[BC / 2];   // sb: mode 4's second S accumulator (unused, so absent, elsewhere)
     uint32_t pa[BC / 16][4];
 #pragma unroll
     for (int p = 0; p < NP; p++)
@@ -1892,29 +2007,31 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
 
     auto wait_k = [&](int j) { mbar_wait(kfull + j % ST, (j / ST) & 1); __syncwarp(); };
     auto wait_v = [&](int j) { mbar_wait(vfull + j % ST, (j / ST) & 1); __syncwarp(); };
-    // S_j = Q K_j^T into sc (the first k step overwrites sc), K_j landed: issued and committed, not waited for
-    auto issue_s = [&](int j) {
+    // S_j = Q K_j^T into sacc (sc; mode 4: sc or sb; the first k step overwrites it), K_j landed: issued and
+    // committed, not waited for
+    auto issue_s = [&](float (&sacc)[BC / 2], int j) {
         const uint32_t kaddr = smem_u32(sK + (j % ST) * C::KV_BYTES);
         wgmma_fence();
         // k16 step kk: panel kk / 4, 32 bytes a step inside it
-        wgmma_ss<BC, 0>(sc, v5_desc(qaddr, 16, 1024), v5_desc(kaddr, 16, 1024));
+        wgmma_ss<BC, 0>(sacc, v5_desc(qaddr, 16, 1024), v5_desc(kaddr, 16, 1024));
 #pragma unroll
         for (int kk = 1; kk < HD / 16; kk++) {
             const uint32_t koff = (kk % 4) * 32;
-            wgmma_ss<BC, 1>(sc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
+            wgmma_ss<BC, 1>(sacc, v5_desc(qaddr + (kk / 4) * C::PANEL_Q + koff, 16, 1024),
                             v5_desc(kaddr + (kk / 4) * C::PANEL_KV + koff, 16, 1024));
         }
         wgmma_commit();
     };
-    // on a completed S_j: causal mask, running max m, alpha = exp2(m_old - m_new), sc = P_j = exp2(s sl2 - m), l
-    auto softmax = [&](int j) {
+    // on a completed S_j in sacc: causal mask, running max m, alpha = exp2(m_old - m_new),
+    // sacc = P_j = exp2(s sl2 - m), l
+    auto softmax = [&](float (&sacc)[BC / 2], int j) {
         const int k0 = j * BC;
         if (k0 + BC - 1 > rw) {   // the tile crosses the diagonal of some row of this warp
 #pragma unroll
             for (int i = 0; i < BC / 8; i++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    if (k0 + 8 * i + 2 * t4 + (e & 1) > rw + g + 8 * (e >> 1)) { sc[4 * i + e] = -INFINITY; }
+                    if (k0 + 8 * i + 2 * t4 + (e & 1) > rw + g + 8 * (e >> 1)) { sacc[4 * i + e] = -INFINITY; }
                 }
         }
         // as v2: tile 0 holds key 0, visible to every row, so m is finite from then on
@@ -1922,7 +2039,7 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < BC / 8; i++) { mx = fmaxf(mx, fmaxf(sc[4 * i + 2 * r], sc[4 * i + 2 * r + 1])); }
+            for (int i = 0; i < BC / 8; i++) { mx = fmaxf(mx, fmaxf(sacc[4 * i + 2 * r], sacc[4 * i + 2 * r + 1])); }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mnew = fmaxf(m[r], mx * sl2);
@@ -1931,9 +2048,9 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
             l[r] *= alpha[r];
 #pragma unroll
             for (int i = 0; i < BC / 8; i++) {
-                sc[4 * i + 2 * r] = exp2f(fmaf(sc[4 * i + 2 * r], sl2, -mnew));
-                sc[4 * i + 2 * r + 1] = exp2f(fmaf(sc[4 * i + 2 * r + 1], sl2, -mnew));
-                l[r] += sc[4 * i + 2 * r] + sc[4 * i + 2 * r + 1];
+                sacc[4 * i + 2 * r] = exp2f(fmaf(sacc[4 * i + 2 * r], sl2, -mnew));
+                sacc[4 * i + 2 * r + 1] = exp2f(fmaf(sacc[4 * i + 2 * r + 1], sl2, -mnew));
+                l[r] += sacc[4 * i + 2 * r] + sacc[4 * i + 2 * r + 1];
             }
         }
     };
@@ -1946,14 +2063,14 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
                 o[p][4 * i + 2] *= alpha[1]; o[p][4 * i + 3] *= alpha[1];
             }
     };
-    // P_j (in sc) -> bf16 A fragments pa (register pairs of the accumulator, see the top comment)
-    auto pack = [&]() {
+    // P_j (in sacc) -> bf16 A fragments pa (register pairs of the accumulator, see the top comment)
+    auto pack = [&](const float (&sacc)[BC / 2]) {
 #pragma unroll
         for (int kc = 0; kc < BC / 16; kc++) {
-            pa[kc][0] = pack_bf16(sc[8 * kc], sc[8 * kc + 1]);
-            pa[kc][1] = pack_bf16(sc[8 * kc + 2], sc[8 * kc + 3]);
-            pa[kc][2] = pack_bf16(sc[8 * kc + 4], sc[8 * kc + 5]);
-            pa[kc][3] = pack_bf16(sc[8 * kc + 6], sc[8 * kc + 7]);
+            pa[kc][0] = pack_bf16(sacc[8 * kc], sacc[8 * kc + 1]);
+            pa[kc][1] = pack_bf16(sacc[8 * kc + 2], sacc[8 * kc + 3]);
+            pa[kc][2] = pack_bf16(sacc[8 * kc + 4], sacc[8 * kc + 5]);
+            pa[kc][3] = pack_bf16(sacc[8 * kc + 6], sacc[8 * kc + 7]);
         }
     };
     // O += P_j V_j, V_j landed: issued and committed, not waited for
@@ -2002,11 +2119,11 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
     if (MODE == 1 || MODE == 2) {   // S_j, softmax, P_j V_j, one after the other
         for (int j = 0; j < nkv; j++) {
             wait_k(j);
-            issue_s(j);
+            issue_s(sc, j);
             settle();
-            softmax(j);
+            softmax(sc, j);
             rescale();
-            pack();
+            pack(sc);
             wait_v(j);
             issue_pv(j);
             settle();
@@ -2020,26 +2137,65 @@ attention_forward_wgmma_kernel(bf16 *out, float *lse, const __grid_constant__ CU
                 __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
             }
         }
+    } else if (MODE == 4 || MODE == 5) {   // the orders v5_overlap_order (4) and v5_fa3_order (5)
+        static_assert(MODE != 4 || (ST >= 3 && BC >= 64), "mode 4: the ring must hold tiles j - 1..j + 1");
+        static_assert(MODE != 5 || (ST >= 2 && BC >= 64), "mode 5: the ring must hold tiles j - 1..j");
+        // A warpgroup visits its own kv tiles: warpgroup 0's rows end 64 earlier, so at BC = 64 it
+        // stops one tile short of the block's nkv (that tile lies wholly after its rows: p = 0 and
+        // alpha = 1 there, it would add nothing). Tile j's stage is released in step j + 1, after
+        // P_j V_j retired, and refilled by thread 0 with tile j + ST; before that release step j waits
+        // for tile j + 1 in mode 4 (loaded in step j + 2 - ST < j: ST >= 3) and for tile j in mode 5
+        // (step j + 1 - ST < j: ST >= 2): no cycle. No tile after the block's last needs a
+        // warpgroup's last stage (n - 1 + ST >= nkv - 2 + ST > nkv - 1): the last tile is not released.
+        const int n = (min(q0 + 64 * wg + 64, T) - 1) / BC + 1;   // nkv or nkv - 1
+        auto x = [&](auto op, auto which, int j) {
+            constexpr int OP = decltype(op)::value;
+            float(&sacc)[BC / 2] = decltype(which)::value ? sb : sc;
+            if constexpr (OP == V5_WAIT_K) { wait_k(j); }
+            else if constexpr (OP == V5_WAIT_V) { wait_v(j); }
+            else if constexpr (OP == V5_ISSUE_S) { issue_s(sacc, j); }
+            else if constexpr (OP == V5_ISSUE_PV) { issue_pv(j); }
+            else if constexpr (OP == V5_WAIT1) { wgmma_wait<1>(); }
+            else if constexpr (OP == V5_WAIT0) { wgmma_wait<0>(); }
+            else if constexpr (OP == V5_FENCE_S) { reg_fence(sacc); }
+            else if constexpr (OP == V5_FENCE_OP) {
+#pragma unroll
+                for (int p = 0; p < NP; p++) { reg_fence(o[p]); }
+                reg_fence_u(pa);
+            }
+            else if constexpr (OP == V5_SOFTMAX) { softmax(sacc, j); }
+            else if constexpr (OP == V5_RESCALE) { rescale(); }
+            else if constexpr (OP == V5_PACK) { pack(sacc); }
+            else if constexpr (OP == V5_RELEASE) { release(j); }
+            else {   // V5_REFILL: thread 0 loads tile j + ST into tile j's stage once all 8 warps released it
+                if (threadIdx.x == 0 && j + ST < nkv) {
+                    mbar_wait(empty + j % ST, (j / ST) & 1);
+                    load_kv(j + ST);
+                }
+                __syncwarp();   // warp 0 reconverges before its next .aligned wgmma instructions
+            }
+        };
+        if constexpr (MODE == 4) { v5_overlap_order(x, n); } else { v5_fa3_order(x, n); }
     } else {          // modes 0, 3: S_{j+1} and P_j V_j in flight while the softmax of S_{j+1} runs
         wait_k(0);
         if (MODE == 3 && wg == 1) { turn_pass(); }   // warpgroup 0 goes first
         turn_take();
-        issue_s(0);
+        issue_s(sc, 0);
         turn_pass();
         settle();
-        softmax(0);   // O = 0: no rescale
+        softmax(sc, 0);   // O = 0: no rescale
         for (int j = 0; j < nkv; j++) {
-            pack();
+            pack(sc);
             if (j + 1 < nkv) { wait_k(j + 1); }
             wait_v(j);
             turn_take();
-            if (j + 1 < nkv) { issue_s(j + 1); }
+            if (j + 1 < nkv) { issue_s(sc, j + 1); }
             issue_pv(j);
             if (wg == 0 || j + 1 < nkv) { turn_pass(); }   // warpgroup 1's last pass would have no taker
             if (j + 1 < nkv) {
                 wgmma_wait<1>();   // S_{j+1} complete (groups complete in order); P_j V_j may still run
                 reg_fence(sc);
-                softmax(j + 1);
+                softmax(sc, j + 1);
             }
             settle();
             if (j + 1 < nkv) { rescale(); }
@@ -2097,9 +2253,9 @@ static uint32_t emu_nmajor(uint64_t desc, int k, int n) {
     return emu_swizzle(start + (n / 64) * lbo + 2 * (n % 64) + (k % 8) * 128 + (k / 8) * sbo, desc);
 }
 
-template <int HD>
+template <int HD, int MODE = 0>
 static int v5_selftest_hd() {
-    typedef V5Cfg<HD> C;
+    typedef V5Cfg<HD, MODE> C;
     constexpr int BR = C::BR, BC = C::BC, NP = C::NP;
     int bad = 0;
     // one stage: sQ at 0, sK, sV after it (offsets as in the kernel; the kernel's base is 1024-aligned)
@@ -2215,11 +2371,251 @@ static int v5_selftest_hd() {
     bad += (dd & 0x3FFF) != (0x12340 >> 4) || ((dd >> 16) & 0x3FFF) != (0x4000 >> 4) ||
            ((dd >> 32) & 0x3FFF) != 64 || ((dd >> 49) & 7) != 0 || (dd >> 62) != 1;
     bad += (C::PANEL_Q % 1024) || (C::PANEL_KV % 1024) || (C::Q_BYTES % 1024) || (C::KV_BYTES % 1024);
-    printf("v5 emulation HD=%d (TMA 128B swizzle, wgmma descriptors K-/N-major, accumulator and A fragments, "
-           "epilogue coordinates): %s (tma coverage errors %d, total %d)\n", HD, bad ? "FAIL" : "ok", tma_bad, bad);
+    printf("v5 emulation HD=%d BC=%d (TMA 128B swizzle, wgmma descriptors K-/N-major, accumulator and A fragments, "
+           "epilogue coordinates): %s (tma coverage errors %d, total %d)\n", HD, BC, bad ? "FAIL" : "ok", tma_bad, bad);
     return bad ? 1 : 0;
 }
-static int v5_selftest() { return v5_selftest_hd<64>() + v5_selftest_hd<128>(); }
+
+// Host model of the pipeline of modes 4 and 5 (run by --cpu-selftest): one block, its two warpgroups
+// executing the operations of v5_overlap_order or v5_fa3_order (the kernel's own order, recorded),
+// thread 0's copies and refills, the mbarriers with their parity waits, the wgmma groups (retired in
+// order, at random times or by wait_group) and the TMA copies (landing at random times), interleaved
+// at random. On small numbers in fp64 (64 rows a warpgroup, 64 keys a tile, 8 columns) it checks:
+// no deadlock; no instruction but a wgmma
+// touches the registers of a group in flight (S arrays, O, pa: what ptxas serialises, C7514/C7515);
+// every wgmma reads the tile it expects, at issue and at retirement; no copy lands in a stage that a
+// group in flight reads; tiles 0..nkv-1 each copied once; out and lse of the rows < T equal to the
+// direct softmax (rows past T zero-filled, keys past T zero and masked, as TMA and the kernel do).
+struct V5OrderOp { int op, s, j; };
+struct V5OrderRec {
+    std::vector<V5OrderOp> ops;
+    template <class O, class S>
+    __host__ __device__ void operator()(O, S, int j) {   // host only (v5_overlap_order is __host__ __device__)
+#ifndef __CUDA_ARCH__
+        ops.push_back({O::value, S::value, j});
+#endif
+    }
+};
+// errors of one block (q tile qb of T rows, ring of ST stages) under one random interleaving
+static int v5_order_case(int mode, int T, int qb, int ST, uint64_t seed, bool *deadlock) {
+    const int BC = 64, BR = 128, D = 8, q0 = qb * BR, nkv = (std::min(q0 + BR, T) - 1) / BC + 1;
+    const int nrows_total = (T + BR - 1) / BR * BR, nkeys = std::max(nkv * BC, T);
+    uint64_t st = seed;
+    auto rnd = [&]() { st = st * 6364136223846793005ull + 1442695040888963407ull; return (uint32_t)(st >> 33); };
+    auto val = [&]() { return ((double)(rnd() % 2001) - 1000.0) / 1000.0; };
+    std::vector<double> Q((size_t)nrows_total * D), K((size_t)nkeys * D), V((size_t)nkeys * D);
+    for (int r = 0; r < nrows_total; r++)
+        for (int d = 0; d < D; d++) { Q[r * D + d] = r < T ? val() : 0.0; }   // TMA zero-fills rows past T
+    for (int r = 0; r < nkeys; r++)
+        for (int d = 0; d < D; d++) { K[r * D + d] = r < T ? val() : 0.0; V[r * D + d] = r < T ? val() : 0.0; }
+    int bad = 0;
+    *deadlock = false;
+    // barriers: completed phases; a parity wait passes while the phase in progress has the other parity
+    std::vector<int> kfull(ST, 0), vfull(ST, 0), empty(ST, 0), empty_arr(ST, 0), ktag(ST, -1), vtag(ST, -1);
+    std::vector<int> copies(nkv, 0);
+    struct Load { bool v; int stage, tile; };
+    std::vector<Load> loads;   // copies in flight
+    auto copy_tile = [&](int t) {
+        copies[t]++;
+        loads.push_back({false, t % ST, t});
+        loads.push_back({true, t % ST, t});
+    };
+    for (int t = 0; t < ST && t < nkv; t++) { copy_tile(t); }
+    struct Group { bool pv; int s, j, stage; };
+    struct WG {
+        std::vector<V5OrderOp> ops;
+        size_t pc = 0;
+        std::vector<Group> inflight;   // committed, not retired; oldest first
+        double S[2][64][64], P[64][64], O[64][8], m[64], l[64], alpha[64];
+        int stag[2] = {-1, -1}, ptag = -1;
+        int r0, n;
+    };
+    WG wg[2];
+    for (int w = 0; w < 2; w++) {
+        WG &g = wg[w];
+        g.r0 = q0 + 64 * w;
+        g.n = (std::min(g.r0 + 64, T) - 1) / BC + 1;   // the kernel's n
+        V5OrderRec rec;
+        if (mode == 4) { v5_overlap_order(rec, g.n); } else { v5_fa3_order(rec, g.n); }
+        g.ops = rec.ops;
+        for (int r = 0; r < 64; r++) {
+            g.m[r] = -INFINITY; g.l[r] = 0;
+            for (int d = 0; d < D; d++) { g.O[r][d] = 0; }
+        }
+    }
+    auto stage_read = [&](int stage, bool v) {   // does a group in flight read this stage's K (V)?
+        for (WG &g : wg)
+            for (const Group &q : g.inflight) { if (q.stage == stage && q.pv == v) { return true; } }
+        return false;
+    };
+    auto retire = [&](WG &g) {
+        const Group q = g.inflight.front();
+        g.inflight.erase(g.inflight.begin());
+        if (!q.pv) {
+            if (ktag[q.stage] != q.j) { bad++; }
+            for (int r = 0; r < 64; r++)
+                for (int c = 0; c < 64; c++) {
+                    double x = 0;
+                    for (int d = 0; d < D; d++) { x += Q[(g.r0 + r) * D + d] * K[(q.j * BC + c) * D + d]; }
+                    g.S[q.s][r][c] = x;
+                }
+            g.stag[q.s] = q.j;
+        } else {
+            if (vtag[q.stage] != q.j || g.ptag != q.j) { bad++; }
+            for (int r = 0; r < 64; r++)
+                for (int d = 0; d < D; d++) {
+                    double x = 0;
+                    for (int c = 0; c < 64; c++) { x += g.P[r][c] * V[(q.j * BC + c) * D + d]; }
+                    g.O[r][d] += x;
+                }
+        }
+    };
+    auto busy = [&](WG &g, int what) {   // a group in flight holds these registers: 0, 1 = S arrays, 2 = O and pa
+        for (const Group &q : g.inflight) { if (q.pv ? what == 2 : what == q.s) { return true; } }
+        return false;
+    };
+    // one operation of warpgroup w; false when it must wait (a barrier phase not complete yet)
+    auto exec = [&](int w) {
+        WG &g = wg[w];
+        const V5OrderOp o = g.ops[g.pc];
+        const int stage = o.j % ST, par = (o.j / ST) & 1;
+        switch (o.op) {
+        case V5_WAIT_K: if ((kfull[stage] & 1) == par) { return false; } bad += ktag[stage] != o.j; break;
+        case V5_WAIT_V: if ((vfull[stage] & 1) == par) { return false; } bad += vtag[stage] != o.j; break;
+        case V5_ISSUE_S: bad += ktag[stage] != o.j; g.inflight.push_back({false, o.s, o.j, stage}); break;
+        case V5_ISSUE_PV: bad += vtag[stage] != o.j || g.ptag != o.j; g.inflight.push_back({true, 0, o.j, stage}); break;
+        case V5_WAIT1: while (g.inflight.size() > 1) { retire(g); } break;
+        case V5_WAIT0: while (!g.inflight.empty()) { retire(g); } break;
+        case V5_FENCE_S: case V5_FENCE_OP: break;
+        case V5_SOFTMAX: {
+            bad += busy(g, o.s) || g.stag[o.s] != o.j;
+            for (int r = 0; r < 64; r++) {
+                double mx = -INFINITY;
+                for (int c = 0; c < 64; c++) {
+                    if (o.j * BC + c > g.r0 + r) { g.S[o.s][r][c] = -INFINITY; }   // causal (keys past T too)
+                    mx = std::max(mx, g.S[o.s][r][c]);
+                }
+                const double mnew = std::max(g.m[r], mx);
+                g.alpha[r] = exp(g.m[r] - mnew);
+                g.m[r] = mnew;
+                g.l[r] *= g.alpha[r];
+                for (int c = 0; c < 64; c++) { g.S[o.s][r][c] = exp(g.S[o.s][r][c] - mnew); g.l[r] += g.S[o.s][r][c]; }
+            }
+            break;
+        }
+        case V5_RESCALE:
+            bad += busy(g, 2);
+            for (int r = 0; r < 64; r++)
+                for (int d = 0; d < D; d++) { g.O[r][d] *= g.alpha[r]; }
+            break;
+        case V5_PACK:
+            bad += busy(g, o.s) || busy(g, 2) || g.stag[o.s] != o.j;
+            memcpy(g.P, g.S[o.s], sizeof g.P);
+            g.ptag = o.j;
+            break;
+        case V5_RELEASE:
+            for (const Group &q : g.inflight) { bad += q.stage == stage; }   // its reads of tile j complete
+            if ((empty_arr[stage] += 4) == 8) { empty_arr[stage] = 0; empty[stage]++; }
+            break;
+        case V5_REFILL:
+            if (w == 0 && o.j + ST < nkv) {   // thread 0
+                if ((empty[stage] & 1) == par) { return false; }
+                copy_tile(o.j + ST);
+            }
+            break;
+        }
+        g.pc++;
+        return true;
+    };
+    for (long iter = 0;; iter++) {
+        // the possible events: an operation of either warpgroup, a copy landing, a group retiring
+        std::vector<int> ev;
+        for (int w = 0; w < 2; w++) { if (wg[w].pc < wg[w].ops.size()) { ev.push_back(w); } }
+        for (size_t i = 0; i < loads.size(); i++) { ev.push_back(100 + (int)i); }
+        for (int w = 0; w < 2; w++) { if (!wg[w].inflight.empty()) { ev.push_back(200 + w); } }
+        if (ev.empty()) { break; }
+        bool moved = false;
+        // try events in a random order until one can happen
+        for (size_t k = ev.size(); k > 0 && !moved; k--) {
+            const size_t pick = rnd() % k;
+            const int e = ev[pick];
+            ev.erase(ev.begin() + pick);
+            if (e < 100) { moved = exec(e); }
+            else if (e < 200) {
+                const Load L = loads[e - 100];
+                loads.erase(loads.begin() + (e - 100));
+                bad += stage_read(L.stage, L.v);   // a copy over a stage that a group in flight reads
+                if (L.v) { vtag[L.stage] = L.tile; vfull[L.stage]++; } else { ktag[L.stage] = L.tile; kfull[L.stage]++; }
+                moved = true;
+            } else { retire(wg[e - 200]); moved = true; }
+        }
+        if (!moved) { *deadlock = true; return bad + 1; }
+    }
+    for (int t = 0; t < nkv; t++) { bad += copies[t] != 1; }
+    for (WG &g : wg) {
+        bad += g.pc != g.ops.size() || !g.inflight.empty();
+        for (int r = 0; r < 64 && g.r0 + r < T; r++) {   // rows past T are not stored
+            const int row = g.r0 + r;
+            double mx = -INFINITY, sum = 0, ref[8] = {0};
+            std::vector<double> p(row + 1);
+            for (int c = 0; c <= row; c++) {
+                double x = 0;
+                for (int d = 0; d < D; d++) { x += Q[row * D + d] * K[c * D + d]; }
+                p[c] = x;
+                mx = std::max(mx, x);
+            }
+            for (int c = 0; c <= row; c++) { p[c] = exp(p[c] - mx); sum += p[c]; }
+            for (int c = 0; c <= row; c++)
+                for (int d = 0; d < D; d++) { ref[d] += p[c] / sum * V[c * D + d]; }
+            for (int d = 0; d < D; d++) { bad += fabs(g.O[r][d] / g.l[r] - ref[d]) > 1e-12; }
+            bad += fabs(g.m[r] + log(g.l[r]) - (mx + log(sum))) > 1e-12;
+        }
+    }
+    return bad;
+}
+static int v5_order_selftest() {
+    const int Ts[] = {7, 64, 65, 100, 127, 128, 129, 200, 256, 300, 640, 1024};
+    int fails = 0;
+    for (int mode : {4, 5}) {
+        int bad = 0, cases = 0, blocks = 0;
+        const std::vector<int> sts = mode == 4 ? std::vector<int>{3, V5Cfg<64, 4>::ST, 6}
+                                               : std::vector<int>{2, V5Cfg<64, 5>::ST};
+        for (int ST : sts)
+            for (int T : Ts)
+                for (int qb = 0; qb < (T + 127) / 128; qb++)
+                    for (uint64_t seed = 1; seed <= 6; seed++) {
+                        bool dl;
+                        const int b = v5_order_case(mode, T, qb, ST, seed * 7919 + T * 131 + qb, &dl);
+                        if (b && bad < 5) { printf("  v5.%d order: T=%d q tile %d ST=%d seed %llu: %d errors%s\n", mode, T, qb,
+                                                    ST, (unsigned long long)seed, b, dl ? " (deadlock)" : ""); }
+                        bad += b > 0;
+                        cases++;
+                        blocks += seed == 1 && ST == sts[0];
+                    }
+        // the model can fail: mode 4 with 2 stages waits in step j for tile j + 1 before it frees tile j - 1
+        int dl2 = 0;
+        if (mode == 4) {
+            for (int T : {256, 1024}) {
+                bool dl;
+                v5_order_case(4, T, T / 128 - 1, 2, 1, &dl);
+                dl2 += dl;
+            }
+        }
+        printf("v5.%d order model (%s): %s, %d of %d runs failing%s (two warpgroups, thread 0's refills, wgmma groups "
+               "and copies at random times; %d blocks of T = 7..1024, ST =", mode,
+               mode == 4 ? "v5_overlap_order" : "v5_fa3_order", bad ? "FAIL" : "ok", bad, cases,
+               mode != 4 ? "" : dl2 == 2 ? "; ST = 2 deadlocks, as it must" : "; ST = 2 does NOT deadlock: the model is blind",
+               blocks);
+        for (int ST : sts) { printf(" %d", ST); }
+        printf(")\n");
+        fails += bad || (mode == 4 && dl2 != 2);
+    }
+    return fails;
+}
+static int v5_selftest() {
+    // modes 4 and 5 take kv tiles of 64 at HD 64, a geometry of its own; at HD 128 every mode has BC = 64
+    return v5_selftest_hd<64>() + v5_selftest_hd<128>() + v5_selftest_hd<64, 4>() + v5_order_selftest();
+}
 
 // ----------------------------------------------------------------------------
 // v6: the backward on wgmma (sm_90a), v2's deterministic split: prep (D), a dk/dv pass, a dq pass.
@@ -3036,12 +3432,17 @@ static const char *v5_device_unsupported() {
 }
 // v5's variants (--variant K with --version 5) = the kernel's MODE: 0 = S_{j+1} and P_j V_j in flight
 // during the softmax of S_{j+1} (the intended kernel); 1 = each warpgroup's steps in turn; 2 = as 1
-// without the producer warp, two blocks per SM; 3 = as 0 with the two warpgroups issuing in turns
-static const int V5_NVARIANTS = 4;
+// without the producer warp, two blocks per SM; 3 = as 0 with the two warpgroups issuing in turns;
+// 4 = 2's block with S_{j+1} and P_{j-1} V_{j-1} in flight during the softmax of S_j (two S arrays,
+// one block per SM); 5 = 2's block with P_{j-1} V_{j-1} in flight during the softmax of S_j (one S
+// array, two blocks per SM at HD 64)
+static const int V5_NVARIANTS = 6;
 static const char *v5_variant_name[V5_NVARIANTS] = {"overlap: S(j+1), PV(j) in flight during softmax(j+1)",
                                                     "serial: S, softmax, PV in turn",
                                                     "serial, no producer warp, 2 blocks/SM",
-                                                    "overlap + warpgroups take turns to issue (ping-pong)"};
+                                                    "overlap + warpgroups take turns to issue (ping-pong)",
+                                                    "no producer warp, S(j+1), PV(j-1) in flight during softmax(j)",
+                                                    "no producer warp, PV(j-1) in flight during softmax(j) (FA3 alg. 2)"};
 template <int HD>
 struct V5 {
     template <int MODE>
@@ -3057,20 +3458,24 @@ struct V5 {
         launch_check(what);
     }
     static void forward(const Shape &s, const Bufs &d, int var) {
-        typedef V5Cfg<HD> C;   // tile sizes: the same in every mode
+        // boxes: q tiles of BR = 128 rows in every mode; K/V tiles of BC rows (HD 64: 128, but 64 in mode 4)
+        const int br = V5Cfg<HD>::BR, bc = var >= 4 ? V5Cfg<HD, 4>::BC : V5Cfg<HD>::BC;
         static const void *key[3] = {};
         static Shape ks = {0, 0, 0, 0, 0};
+        static int kbc = 0;
         static CUtensorMap tq, tk, tv;
-        if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s)) {
-            tq = make_tmap_3d(d.q, (size_t)s.NH * HD, s.T, s.B, C::BR);
-            tk = make_tmap_3d(d.k, (size_t)s.NKV * HD, s.T, s.B, C::BC);
-            tv = make_tmap_3d(d.v, (size_t)s.NKV * HD, s.T, s.B, C::BC);
-            key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s;
+        if (key[0] != d.q || key[1] != d.k || key[2] != d.v || memcmp(&ks, &s, sizeof s) || kbc != bc) {
+            tq = make_tmap_3d(d.q, (size_t)s.NH * HD, s.T, s.B, br);
+            tk = make_tmap_3d(d.k, (size_t)s.NKV * HD, s.T, s.B, bc);
+            tv = make_tmap_3d(d.v, (size_t)s.NKV * HD, s.T, s.B, bc);
+            key[0] = d.q; key[1] = d.k; key[2] = d.v; ks = s; kbc = bc;
         }
         if (var == 0) { launch<0>(s, d, tq, tk, tv); }
         else if (var == 1) { launch<1>(s, d, tq, tk, tv); }
         else if (var == 2) { launch<2>(s, d, tq, tk, tv); }
-        else { launch<3>(s, d, tq, tk, tv); }
+        else if (var == 3) { launch<3>(s, d, tq, tk, tv); }
+        else if (var == 4) { launch<4>(s, d, tq, tk, tv); }
+        else { launch<5>(s, d, tq, tk, tv); }
     }
     template <int MODE>
     static void info1() {
@@ -3079,7 +3484,7 @@ struct V5 {
         Flash<HD, 4, 64, 64, true>::forward_info(tag, "fwd", (const void *)attention_forward_wgmma_kernel<HD, MODE>,
                                                  V5Cfg<HD, MODE>::THREADS, V5Cfg<HD, MODE>::SMEM);
     }
-    static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); }
+    static void info() { info1<0>(); info1<1>(); info1<2>(); info1<3>(); info1<4>(); info1<5>(); }
 };
 
 // v6: v5's forward (variant 0; variant 2 where T % 128 != 0) and the wgmma backward: prep +
@@ -3157,8 +3562,11 @@ static const char *unsupported(int ver, const Shape &s) {
     if (s.HD != 64 && s.HD != 128) { return "HD must be 64 or 128"; }
     if (ver == 4 && s.HD != 64) { return "v4: HD must be 64 (register budget)"; }
     if ((ver == 2 || ver == 3) && s.T % 128) { return "T must be a multiple of 128"; }
-    // v5 variant 2 and v6 variant 1 (the trainer's) take any T; the others are checked at T % 128 == 0 only
-    if (ver == 5 && g_variant != 2 && s.T % 128) { return "T must be a multiple of 128 (v5 variants 0, 1, 3)"; }
+    // v5 variants 2 (the trainer's), 4 and 5, v6 variant 1 (the trainer's) take any T; the others are
+    // checked at T % 128 == 0 only
+    if (ver == 5 && g_variant != 2 && g_variant < 4 && s.T % 128) {
+        return "T must be a multiple of 128 (v5 variants 0, 1, 3)";
+    }
     if (ver == 6 && g_variant != 1 && s.T % 128) { return "T must be a multiple of 128 (v6 variants 0, 2)"; }
     if (ver == 5 || ver == 6) { return v5_device_unsupported(); }
     return NULL;
@@ -3418,8 +3826,10 @@ static BenchRow bench_one(int ver, Shape s, int reps) {
     row.fwd_ms = median(tf);
     row.bwd_ms = median(tb);
     std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end());
+    char vtag[16] = "";
+    if (ver == 5 || ver == 6) { snprintf(vtag, sizeof vtag, ".%d", g_variant); }
     printf("v%d%s B=%d T=%d NH=%d NKV=%d HD=%d: fwd median %.3f ms (min %.3f max %.3f), bwd median %.3f ms "
-           "(min %.3f max %.3f), %d reps\n", ver, (ver == 5 || ver == 6) ? (g_variant == 0 ? ".0" : g_variant == 1 ? ".1" : g_variant == 2 ? ".2" : ".3") : "", s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
+           "(min %.3f max %.3f), %d reps\n", ver, vtag, s.B, s.T, s.NH, s.NKV, s.HD, row.fwd_ms, tf.front(), tf.back(),
            row.bwd_ms, tb.front(), tb.back(), reps);
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
     free_bufs(d);
@@ -3443,9 +3853,11 @@ static void print_table(const std::vector<BenchRow> &rows) {
     }
 }
 
-// --bench-list: several (version, v4 variant) configurations on ONE set of inputs per shape, in
-// `rounds` round-robin passes (so drift hits all alike); backward only (prep + kernels), median of reps
-// per pass. Table: each pass's median, the best, model TFLOP/s and the speedup over v2's best.
+// --bench-list: several (version.variant) configurations on ONE set of inputs per shape, in `rounds`
+// round-robin passes (so drift hits all alike): per pass the median of reps of the forward, then of
+// the backward (prep + kernels) on that forward's out and lse. Two tables, backward then forward:
+// each pass's median, the best, model TFLOP/s and the speedup over a reference's best (backward: v2;
+// forward: the first configuration listed, e.g. 5.2 in --bench-list 5.2,5.4).
 struct Cfg { int ver, var; };
 static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int rounds) {
     Bufs d;
@@ -3454,24 +3866,29 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
     fill_random_device(d.v, nk_of(s), 1.0); fill_random_device(d.dout, nq_of(s), 1.0);
     cudaEvent_t e0, e1;
     cudaCheck(cudaEventCreate(&e0)); cudaCheck(cudaEventCreate(&e1));
-    std::vector<std::vector<double>> med(cfgs.size());
+    std::vector<std::vector<double>> med(cfgs.size()), fmed(cfgs.size());
+    auto timed = [&](std::vector<float> &t, auto &&call) {   // 3 warm-up calls, then reps timed
+        for (int i = 0; i < 3 + reps; i++) {
+            float ms;
+            cudaCheck(cudaEventRecord(e0));
+            call();
+            cudaCheck(cudaEventRecord(e1));
+            cudaCheck(cudaEventSynchronize(e1));
+            cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
+            if (i >= 3) { t.push_back(ms); }
+        }
+    };
     for (int r = 0; r < rounds; r++)
         for (size_t c = 0; c < cfgs.size(); c++) {
             g_variant = cfgs[c].var;   // before unsupported(), which reads it
             if (unsupported(cfgs[c].ver, s)) { continue; }
-            run_forward(cfgs[c].ver, s, d);
-            std::vector<float> tb;
-            for (int i = 0; i < 3 + reps; i++) {
-                float ms;
-                cudaCheck(cudaEventRecord(e0));
-                run_backward(cfgs[c].ver, s, d);
-                cudaCheck(cudaEventRecord(e1));
-                cudaCheck(cudaEventSynchronize(e1));
-                cudaCheck(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 3) { tb.push_back(ms); }
-            }
+            std::vector<float> tf, tb;
+            timed(tf, [&]() { run_forward(cfgs[c].ver, s, d); });
+            timed(tb, [&]() { run_backward(cfgs[c].ver, s, d); });
+            fmed[c].push_back(median(tf));
             med[c].push_back(median(tb));
-            printf("pass %d cfg %d.%d bwd median %.3f ms\n", r, cfgs[c].ver, cfgs[c].var, med[c].back());
+            printf("pass %d cfg %d.%d fwd median %.3f ms, bwd median %.3f ms\n", r, cfgs[c].ver, cfgs[c].var,
+                   fmed[c].back(), med[c].back());
             fflush(stdout);   // a later configuration that traps must not take these figures with it
         }
     cudaCheck(cudaEventDestroy(e0)); cudaCheck(cudaEventDestroy(e1));
@@ -3480,18 +3897,25 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
     floors(s, &ffl, &fby, &bfl, &bby);
     for (size_t c = 0; c < cfgs.size(); c++)
         if (cfgs[c].ver == 2 && !med[c].empty()) { v2best = *std::min_element(med[c].begin(), med[c].end()); }
-    printf("\nbench-list B=%d T=%d NH=%d NKV=%d HD=%d, backward (prep + kernels), median of %d reps per pass\n", s.B,
-           s.T, s.NH, s.NKV, s.HD, reps);
-    printf("%-5s | %-58s | %s | %7s %7s %6s\n", "cfg", "what", "bwd ms per pass", "best", "TFLOP/s", "vs v2");
-    for (size_t c = 0; c < cfgs.size(); c++) {
-        char id[16];
-        if (cfgs[c].ver == 4 || cfgs[c].ver == 6) { snprintf(id, sizeof id, "v%d.%d", cfgs[c].ver, cfgs[c].var); } else { snprintf(id, sizeof id, "v%d", cfgs[c].ver); }
-        const char *what = cfgs[c].ver == 4 ? v4_variants[cfgs[c].var].name : version_name[cfgs[c].ver];
-        if (med[c].empty()) { printf("%-5s | %-58.58s | skipped\n", id, what); continue; }
-        const double best = *std::min_element(med[c].begin(), med[c].end());
-        printf("%-5s | %-58.58s |", id, what);
-        for (double m : med[c]) { printf(" %.3f", m); }
-        printf(" | %7.3f %7.1f %5.2fx\n", best, bfl / (best * 1e-3) / 1e12, v2best / best);
+    const double f0best = fmed[0].empty() ? NAN : *std::min_element(fmed[0].begin(), fmed[0].end());
+    for (int fw = 0; fw < 2; fw++) {
+        const auto &M = fw ? fmed : med;
+        printf("\nbench-list B=%d T=%d NH=%d NKV=%d HD=%d, %s, median of %d reps per pass\n", s.B, s.T, s.NH, s.NKV,
+               s.HD, fw ? "forward" : "backward (prep + kernels)", reps);
+        printf("%-5s | %-58s | %s | %7s %7s %6s\n", "cfg", "what", fw ? "fwd ms per pass" : "bwd ms per pass", "best",
+               "TFLOP/s", fw ? "vs 1st" : "vs v2");
+        for (size_t c = 0; c < cfgs.size(); c++) {
+            const int ver = cfgs[c].ver, var = cfgs[c].var;
+            char id[16];
+            if (ver >= 4) { snprintf(id, sizeof id, "v%d.%d", ver, var); } else { snprintf(id, sizeof id, "v%d", ver); }
+            const char *what = ver == 4 ? v4_variants[var].name : ver == 5 ? v5_variant_name[var]
+                             : ver == 6 ? v6_variant_name[var] : version_name[ver];
+            if (M[c].empty()) { printf("%-5s | %-58.58s | skipped\n", id, what); continue; }
+            const double best = *std::min_element(M[c].begin(), M[c].end());
+            printf("%-5s | %-58.58s |", id, what);
+            for (double m : M[c]) { printf(" %.3f", m); }
+            printf(" | %7.3f %7.1f %5.2fx\n", best, (fw ? ffl : bfl) / (best * 1e-3) / 1e12, (fw ? f0best : v2best) / best);
+        }
     }
 }
 
@@ -3500,8 +3924,8 @@ static void bench_list(const std::vector<Cfg> &cfgs, Shape s, int reps, int roun
 static void usage() {
     fprintf(stderr, "usage: attention [--cpu-selftest] [--version N[,N...] | --all] [--check] [--bench]\n"
                     "                 [--shape B,T,NH,NKV,HD] [--reps N] [--seed S]\n"
-                    "                 [--variant K[,K...]]   v4 (0-9), v5 (0-3) or v6 (0-2) variants for --check/--bench (default 0)\n"
-                    "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5: one input set, R passes\n");
+                    "                 [--variant K[,K...]]   v4 (0-9), v5 (0-5) or v6 (0-2) variants for --check/--bench (default 0)\n"
+                    "                 [--bench-list V[.K],...] [--rounds R]   e.g. 2,4.0,4.5 or 5.2,5.4: one input set, R passes\n");
     exit(2);
 }
 static std::vector<int> parse_ints(const char *a) {
@@ -3583,6 +4007,9 @@ int main(int argc, char **argv) {
             }
         }
         const Shape bs = have_shape ? user : Shape{16, 2048, 8, 4, 64};
+        if (std::any_of(blist.begin(), blist.end(), [](const Cfg &c) { return c.ver == 5; })) {
+            bs.HD == 128 ? V5<128>::info() : V5<64>::info();
+        }
         if (std::any_of(blist.begin(), blist.end(), [](const Cfg &c) { return c.ver == 6; })) {
             bs.HD == 128 ? V6<128>::info() : V6<64>::info();
         }

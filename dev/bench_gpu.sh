@@ -15,6 +15,8 @@
 # nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
 #                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
+#                                   TORCH_MHAR_ARGS (its flags for mhar; default TORCH_ARGS, with
+#                                   --impl plain, which is std only, as --impl fast)
 #                                   PROFILE=1 (0: skip the breakdown)
 #                                   RUNS="std mhar8 block4 block8 hc4" (our runs to measure; std is
 #                                   always one, the others' ratios are against it)
@@ -62,13 +64,17 @@ if [ "$TORCH_DEVICE" = cpu ]; then
 else
     TORCH_ARGS=${TORCH_ARGS:-"--impl fast --compile-mode max-autotune-no-cudagraphs --sdpa cudnn"}
 fi
+# mhar in PyTorch: the same configuration, but plain_model.py is std only, so --impl plain becomes fast
+TORCH_MHAR_ARGS=${TORCH_MHAR_ARGS:-${TORCH_ARGS/--impl plain/--impl fast}}
 # prints bench_torch.py's line (the whole configuration) on stderr, "tok_s peak_mib" on stdout
 theirs() {
     local line
+    local args=$TORCH_ARGS
+    case " $* " in *" --mode mhar "*) args=$TORCH_MHAR_ARGS ;; esac
     line=$("$PYTHON" dev/torch_ref/bench_torch.py --device "$TORCH_DEVICE" $SHAPE --T "$T" --B "$B" \
-        --steps "$STEPS" --warmup 5 $TORCH_ARGS "$@" | grep '^torch ' | tail -1) || true
+        --steps "$STEPS" --warmup 5 $args "$@" | grep '^torch ' | tail -1) || true
     if [ -z "$line" ]; then
-        echo "error: bench_torch.py $TORCH_ARGS $* printed no result line (see its error above); fix TORCH_ARGS" >&2
+        echo "error: bench_torch.py $args $* printed no result line (see its error above); fix TORCH_ARGS or TORCH_MHAR_ARGS" >&2
         return 1
     fi
     echo "$line" >&2

@@ -16,7 +16,8 @@ Options: --compile-mode (torch.compile's mode, or none), --sdpa (the attention b
 with torch.nn.attention.sdpa_kernel; auto lets torch choose), --gqa (fast, plain: native
 enable_gqa or repeat_interleave; auto probes whether the backend takes enable_gqa), --head
 (fast, plain: vp or v), --norm (fast, plain: manual = model.py's rmsnorm, fused = F.rms_norm;
-auto = manual for fast, fused for plain where torch has it).
+auto = manual for fast, fused for plain where torch has it), --loss-masked (fast, plain: the loss
+over all Vp columns with the padded ones at -inf, SPEC's loss without slicing the logits).
 Diagnostic switches (fast, plain; the defaults are the baseline): --no-clip (no clip_grad_norm_;
 any impl), --loss-vp (cross-entropy over all Vp columns: NOT SPEC's model, the padded logits
 enter the softmax; only to time it), --residual-dtype bf16 (the residual stream in bf16, the
@@ -36,10 +37,12 @@ Runs that would pass --sweep-budget seconds in all are cut (timeout) or skipped.
 table, the best run's line (same format as above, so bench_gpu.sh can read it) and its flags.
 
 --hunt (std) times, each in its own process within --hunt-budget seconds, the baseline (fast),
-plain, then fast with one switch flipped at a time (no-clip, loss-vp, norm fused, head v,
-residual bf16), then plain variants; base flags --compile-mode default --sdpa flash --gqa native
+plain, then fast with one switch flipped at a time (no-clip, loss-vp, loss-masked, norm fused,
+head v, residual bf16), then plain variants; base flags --compile-mode default --sdpa flash --gqa native
 --head vp unless given. --hunt-runs picks runs by name, --hunt-logs keeps each run's output.
-It ends with a table, best first, with each run's speed relative to fast, and the best flags.
+It ends with a table, best first, with each run's speed relative to fast, the best flags, and the
+best "same-work" flags: the fastest run with clipping on and SPEC's loss over V (what our trainer
+does; --loss-masked counts, --loss-vp and --no-clip do not).
 
     python3 dev/torch_ref/bench_torch.py --mode std                      # the 100M model, B=16, T=2048
     python3 dev/torch_ref/bench_torch.py --mode mhar --H 8 --compile-mode max-autotune-no-cudagraphs --sdpa cudnn
@@ -81,11 +84,13 @@ HUNT_RUNS = [
     ("plain", ["--impl", "plain"]),
     ("fast-no-clip", ["--no-clip"]),
     ("fast-loss-vp", ["--loss-vp"]),
+    ("fast-loss-masked", ["--loss-masked"]),
     ("fast-norm-fused", ["--norm", "fused"]),
     ("fast-head-v", ["--head", "v"]),
     ("fast-resid-bf16", ["--residual-dtype", "bf16"]),
     ("plain-norm-manual", ["--impl", "plain", "--norm", "manual"]),
     ("plain-no-clip-loss-vp", ["--impl", "plain", "--no-clip", "--loss-vp"]),
+    ("plain-loss-masked-resid-bf16", ["--impl", "plain", "--loss-masked", "--residual-dtype", "bf16"]),
 ]
 
 
@@ -123,6 +128,9 @@ def parse_args(argv=None):
     ap.add_argument("--loss-vp", action="store_true",
                     help="diagnostic only (fast, plain): cross-entropy over all Vp columns, so the padded "
                          "logits enter the softmax: a slightly different model from SPEC's")
+    ap.add_argument("--loss-masked", action="store_true",
+                    help="fast, plain: cross-entropy over all Vp columns with the padded ones at -inf: "
+                         "SPEC's loss without the sliced copy of the logits (needs --head vp)")
     ap.add_argument("--residual-dtype", choices=["fp32", "bf16"], default="fp32",
                     help="diagnostic (fast, plain; needs --dtype bf16): bf16 keeps the residual stream in the "
                          "autocast dtype instead of the embedding's float32")
@@ -141,6 +149,9 @@ def parse_args(argv=None):
     ap.add_argument("--hunt-run-max", type=float, default=150, help="seconds at most for one hunt run")
     ap.add_argument("--hunt-logs", default="", help="a folder for each hunt run's stdout and stderr")
     a = ap.parse_args(argv)
+    if a.loss_vp and a.loss_masked:
+        fail("--loss-vp and --loss-masked are two forms of the loss; give one")
+    a.ce = "vp" if a.loss_vp else "masked" if a.loss_masked else "v"
     if a.no_compile:
         a.compile_mode = "none"
     a.sdpa = a.sdpa or ("flash" if a.hunt else "auto")
@@ -202,8 +213,8 @@ def build(a, cfg):
     if not HAS_SDPA and a.sdpa != "auto":
         fail(f"--sdpa {a.sdpa}: torch {torch.__version__} has no F.scaled_dot_product_attention; pass --sdpa auto")
     if a.impl == "ref":
-        if a.norm != "auto" or a.loss_vp or a.residual_dtype != "fp32":
-            fail("--impl ref is model.py as written: --norm, --loss-vp and --residual-dtype are for "
+        if a.norm != "auto" or a.ce != "v" or a.residual_dtype != "fp32":
+            fail("--impl ref is model.py as written: --norm, --loss-vp/--loss-masked and --residual-dtype are for "
                  "--impl fast and plain")
         gqa, head, norm = "repeat", "v", "manual"   # model.py repeats k and v; it slices wte[:V]
         model = MHAR(cfg)
@@ -217,8 +228,8 @@ def build(a, cfg):
         norm = a.norm if a.norm != "auto" else "fused" if a.impl == "plain" and HAS_RMS_NORM else "manual"
         if norm == "fused" and not HAS_RMS_NORM:
             fail(f"--norm fused needs F.rms_norm (torch >= 2.4), have {torch.__version__}; pass --norm manual")
-        if a.loss_vp and a.head != "vp":
-            fail("--loss-vp reads all Vp logits: it needs --head vp")
+        if a.ce != "v" and a.head != "vp":
+            fail(f"--loss-{a.ce} reads all Vp logits: it needs --head vp")
         if a.residual_dtype == "bf16" and a.dtype != "bf16":
             fail("--residual-dtype bf16 needs --dtype bf16 (autocast)")
         gqa = a.gqa
@@ -227,7 +238,7 @@ def build(a, cfg):
         attn = "plain" if not HAS_SDPA else ("sdpa_gqa" if gqa == "native" else "sdpa_repeat")
         resid = torch.bfloat16 if a.residual_dtype == "bf16" else None
         cls = FastMHAR if a.impl == "fast" else PlainGPT
-        model = cls(cfg, attn=attn, head=a.head, norm=norm, loss_vp=a.loss_vp, residual_dtype=resid)
+        model = cls(cfg, attn=attn, head=a.head, norm=norm, ce=a.ce, residual_dtype=resid)
         decay = model.matrices()
         ids = {id(p) for p in decay}
         other = [p for p in model.parameters() if id(p) not in ids]
@@ -235,7 +246,7 @@ def build(a, cfg):
     if HAS_SDPA and a.sdpa == "auto":
         works, chosen = probe_sdpa(cfg, a.device, dev_dtype, gqa == "native")
         sdpa_label = f"auto:{chosen}" if works and chosen else "auto"
-    label = (f"sdpa {sdpa_label} gqa {gqa} head {head} norm {norm} ce {'vp' if a.loss_vp else 'v'} "
+    label = (f"sdpa {sdpa_label} gqa {gqa} head {head} norm {norm} ce {a.ce} "
              f"resid {a.residual_dtype} clip {'off' if a.no_clip else '1.0'}")
     return model.to(a.device), decay, other, label
 
@@ -325,7 +336,7 @@ def child_flags(a, impl, mode, sdpa):
     flags = shape_flags(a) + ["--impl", impl, "--compile-mode", mode, "--sdpa", sdpa]
     if impl != "ref":
         flags += ["--gqa", a.gqa, "--head", a.head, "--norm", a.norm, "--residual-dtype", a.residual_dtype]
-        flags += ["--loss-vp"] if a.loss_vp else []
+        flags += {"v": [], "vp": ["--loss-vp"], "masked": ["--loss-masked"]}[a.ce]
     return flags + (["--no-clip"] if a.no_clip else [])
 
 
@@ -336,7 +347,7 @@ def line_flags(line):
     flags = f"--impl {impl} --compile-mode {field(line, 'compile')} --sdpa {'auto' if sdpa == 'none' else sdpa}"
     if impl != "ref":
         flags += f" --gqa {field(line, 'gqa')} --head {field(line, 'head')} --norm {field(line, 'norm')}"
-        flags += " --loss-vp" if field(line, "ce") == "vp" else ""
+        flags += {"v": "", "vp": " --loss-vp", "masked": " --loss-masked"}[field(line, "ce")]
         flags += " --residual-dtype bf16" if field(line, "resid") == "bf16" else ""
     return flags + (" --no-clip" if field(line, "clip") == "off" else "")
 
@@ -464,6 +475,11 @@ def hunt(a):
     print("\nbest:")
     print(ok[0][1])
     print(f"best flags: {line_flags(ok[0][1])}")
+    # the fastest run that trains what our trainer trains: gradient clipping on and the loss over
+    # V columns (SPEC's model: ce v or masked); --no-clip and --loss-vp only time what those cost
+    same = [r for r in ok if field(r[1], "clip") != "off" and field(r[1], "ce") != "vp"]
+    if same:
+        print(f"best same-work flags: {line_flags(same[0][1])}")
 
 
 def main():

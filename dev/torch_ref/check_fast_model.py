@@ -110,22 +110,22 @@ def loss_logits_grads(model, idx, tgt):
     return loss.detach(), logits
 
 
-def make_fast(cfg, attn, head, norm="manual"):
-    return FastMHAR(cfg, attn=attn, head=head, norm=norm).double()
+def make_fast(cfg, attn, head, norm="manual", ce="v"):
+    return FastMHAR(cfg, attn=attn, head=head, norm=norm, ce=ce).double()
 
 
-def make_plain(cfg, attn, head, norm="manual"):
-    m = PlainGPT(cfg, attn=attn, head=head, norm=norm).double()
+def make_plain(cfg, attn, head, norm="manual", ce="v"):
+    m = PlainGPT(cfg, attn=attn, head=head, norm=norm, ce=ce).double()
     m.init_rope()                      # exact float64 RoPE tables
     return m
 
 
 def compare_config(tally, name, cfg, attn, head, seed, corrupt=False, make=make_fast, norm="manual",
-                   what="fast"):
-    """One model (make: fast or plain) in one config and one (attn, head, norm) form; returns the
-    worst relative error."""
+                   what="fast", ce="v"):
+    """One model (make: fast or plain) in one config and one (attn, head, norm, ce) form; returns
+    the worst relative error. ce="masked" must give model.py's loss over V and its gradients."""
     ref = random_ref(cfg, seed)
-    fast = make(cfg, attn, head, norm)
+    fast = make(cfg, attn, head, norm, ce)
     params = {n: p.detach().clone() for n, p in ref.named_parameters()}
     if corrupt:          # the negative control: one weight off by 1e-9 relative
         params["qnw"][1, 3] *= 1 + 1e-9
@@ -141,6 +141,7 @@ def compare_config(tally, name, cfg, attn, head, seed, corrupt=False, make=make_
         errs["d" + n] = rel_err(grads_f[n], p.grad)
     worst = max(errs, key=errs.get)
     label = f"{what} {name} attn={attn} head={head}" + (f" norm={norm}" if norm != "manual" else "") + \
+        (f" ce={ce}" if ce != "v" else "") + \
         (" corrupted" if corrupt else "")
     if corrupt:
         tally.check(label, errs[worst] > TOL,
@@ -236,7 +237,8 @@ def bench_line(flags):
 def check_bench(tally):
     runs = [["--dtype", "fp32"], ["--dtype", "fp32", "--impl", "plain"], ["--dtype", "fp32", "--impl", "ref"],
             ["--impl", "plain"], ["--impl", "plain", "--no-clip"], ["--no-clip"], ["--impl", "ref", "--no-clip"],
-            ["--loss-vp"], ["--impl", "plain", "--loss-vp"], ["--head", "v"], ["--impl", "plain", "--head", "v"],
+            ["--loss-vp"], ["--impl", "plain", "--loss-vp"], ["--loss-masked"], ["--impl", "plain", "--loss-masked"],
+            ["--mode", "mhar", "--H", "2", "--loss-masked"], ["--head", "v"], ["--impl", "plain", "--head", "v"],
             ["--residual-dtype", "bf16"], ["--impl", "plain", "--residual-dtype", "bf16"],
             ["--impl", "plain", "--norm", "manual"], ["--mode", "mhar", "--H", "2", "--residual-dtype", "bf16"]]
     if HAS_RMS_NORM:
@@ -256,6 +258,8 @@ def check_bench(tally):
     for flags, want in ((["--impl", "plain", "--mode", "mhar"], "std only"),
                         (["--impl", "ref", "--loss-vp"], "--impl ref is model.py"),
                         (["--loss-vp", "--head", "v"], "needs --head vp"),
+                        (["--loss-masked", "--head", "v"], "needs --head vp"),
+                        (["--loss-masked", "--loss-vp"], "give one"),
                         (["--dtype", "fp32", "--residual-dtype", "bf16"], "needs --dtype bf16")):
         line, err = bench_line(flags)
         tally.check("bench refuses " + " ".join(flags), line is None and want in err, err)
@@ -289,6 +293,9 @@ def main(argv=None):
                            norm="fused")
     else:
         print(f"  (fast norm=fused skipped: torch {torch.__version__} has no F.rms_norm)")
+    for name in ("std", "mhar2"):   # the loss over Vp columns with the padded ones at -inf
+        mode, H, S = MODES[name]
+        compare_config(tally, name, Config(mode=mode, H=H, S=S, **TINY), attns[0], "vp", args.seed, ce="masked")
     compare_config(tally, "mhar2", Config(mode="mhar", H=2, S=1, **TINY), attns[0], "vp",
                    args.seed, corrupt=True)
     print(f"[plain_model vs model.py, float64, std; norms: {', '.join(plain_model.available_norms())}]")
@@ -297,6 +304,7 @@ def main(argv=None):
         for norm in plain_model.available_norms():
             compare_config(tally, "std", std, attn, "vp", args.seed + 7, make=make_plain, norm=norm, what="plain")
     compare_config(tally, "std", std, attns[-1], "v", args.seed + 7, make=make_plain, what="plain")
+    compare_config(tally, "std", std, attns[0], "vp", args.seed + 7, make=make_plain, what="plain", ce="masked")
     compare_config(tally, "std", std, attns[0], "vp", args.seed + 7, make=make_plain, what="plain", corrupt=True)
     print("[SPEC 6 init, layout, RoPE tables]")
     check_init(tally, args.seed)

@@ -28,8 +28,11 @@ stream in float32 (the embedding is float32), the matrix products in bf16.
 
 Diagnostic options for bench_torch.py (defaults give the baseline above):
   norm="fused"          F.rms_norm (torch >= 2.4) for every rmsnorm instead of model.py's
-  loss_vp=True          cross-entropy over all Vp columns (the padded logits enter the softmax:
+  ce="vp"               cross-entropy over all Vp columns (the padded logits enter the softmax:
                         NOT SPEC's model, only to time what that costs)
+  ce="masked"           cross-entropy over all Vp columns with the padded ones set to -inf: SPEC's
+                        loss (they get probability 0 and no gradient) without a sliced copy of
+                        the (B*T, V) logits; ce="v" (the default) slices the first V columns
   residual_dtype=dtype  cast the embedding to dtype (bf16 under autocast keeps the residual
                         stream, or mhar's sources, in bf16 instead of float32)
 
@@ -133,16 +136,27 @@ class Block(nn.Module):
         self.wd = _linear(cfg.F, C)
 
 
+def vp_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, V: int, masked: bool) -> torch.Tensor:
+    """Mean cross-entropy from logits (..., Vp) over all Vp columns. masked: the padded columns
+    V..Vp-1 are set to -inf first, so the loss and its gradient are those over the first V columns
+    (SPEC 3's), computed without slicing; otherwise the padded logits enter the softmax."""
+    Vp = logits.shape[-1]
+    if masked:
+        col = torch.arange(Vp, device=logits.device)
+        logits = logits.masked_fill(col >= V, float("-inf"))
+    return F.cross_entropy(logits.reshape(-1, Vp), targets.reshape(-1))
+
+
 class FastMHAR(nn.Module):
     """SPEC 3 transformer with the residual modes of SPEC 4 and 5, for speed.
 
     attn: "sdpa_gqa", "sdpa_repeat" or "plain" (see the module docstring); default: the first
     of those the installed torch has. head: "vp" (GEMM over all Vp rows, loss over the first V
-    columns) or "v" (GEMM over wte[:V]). norm ("manual": model.py's rmsnorm, or "fused"), loss_vp
+    columns) or "v" (GEMM over wte[:V]). norm ("manual": model.py's rmsnorm, or "fused"), ce
     and residual_dtype: the diagnostic options of the module docstring."""
 
     def __init__(self, cfg: Config, attn: Optional[str] = None, head: str = "vp", norm: str = "manual",
-                 loss_vp: bool = False, residual_dtype: Optional[torch.dtype] = None):
+                 ce: str = "v", residual_dtype: Optional[torch.dtype] = None):
         super().__init__()
         problems = cfg.problems()
         if problems:
@@ -156,11 +170,12 @@ class FastMHAR(nn.Module):
         if norm not in ("manual", "fused") or (norm == "fused" and not HAS_RMS_NORM):
             raise ValueError(f"norm {norm!r}: use 'manual' or 'fused' (F.rms_norm, torch >= 2.4; "
                              f"have {torch.__version__})")
-        if loss_vp and head != "vp":
-            raise ValueError("loss_vp reads all Vp logits: it needs head 'vp'")
+        if ce not in ("v", "vp", "masked") or (ce != "v" and head != "vp"):
+            raise ValueError(f"ce {ce!r} with head {head!r}: use 'v', or 'vp' or 'masked' (they read all Vp "
+                             f"logits) with head 'vp'")
         self.cfg, self.attn, self.head_rows = cfg, attn, head
         self.norm = fused_rmsnorm if norm == "fused" else rmsnorm
-        self.loss_vp, self.residual_dtype = loss_vp, residual_dtype
+        self.ce, self.residual_dtype = ce, residual_dtype
         self.wte = nn.Parameter(torch.empty(cfg.Vp, cfg.C))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.L))
         self.lnfw = nn.Parameter(torch.empty(cfg.C))
@@ -316,8 +331,8 @@ class FastMHAR(nn.Module):
         if self.residual_dtype is not None:
             x0 = x0.to(self.residual_dtype)
         h = self.norm(self.stream(x0), self.lnfw)
-        if self.loss_vp and targets is not None:
-            return F.cross_entropy(F.linear(h, self.wte).reshape(-1, self.cfg.Vp), targets.reshape(-1))
+        if self.ce != "v" and targets is not None:
+            return vp_cross_entropy(F.linear(h, self.wte), targets, V, self.ce == "masked")
         if self.head_rows == "vp":
             logits = F.linear(h, self.wte)[..., :V]
         else:

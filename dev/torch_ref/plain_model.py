@@ -18,8 +18,10 @@ benchmark's harness, is what costs speed:
 
 Diagnostic options for bench_torch.py (defaults give SPEC's model):
   norm="manual"         the hand-written norm even where F.rms_norm exists
-  loss_vp=True          cross-entropy over all Vp columns (the padded logits enter the softmax:
+  ce="vp"               cross-entropy over all Vp columns (the padded logits enter the softmax:
                         NOT SPEC's model, only to time nanoGPT's habit)
+  ce="masked"           over all Vp columns with the padded ones at -inf: SPEC's loss without a
+                        sliced copy of the logits (fast_model.vp_cross_entropy)
   residual_dtype=dtype  cast the embedding to dtype (bf16 under autocast keeps the residual
                         stream in bf16 instead of the embedding's float32)
 
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 
 from mhar_io import Config
 from model import init_tensors   # the shared initial draws (one seed, the same parameters)
+from fast_model import vp_cross_entropy
 
 RMS_EPS = 1e-6        # SPEC 3
 ROPE_BASE = 10000.0   # SPEC 3
@@ -153,11 +156,11 @@ class Block(nn.Module):
 class PlainGPT(nn.Module):
     """SPEC 3's transformer, std residual. attn: "sdpa_gqa", "sdpa_repeat" or "plain" (default:
     the first the installed torch has); head: "vp" or "v"; norm: "fused" (F.rms_norm) or "manual"
-    (default: the first of those the installed torch has); loss_vp and residual_dtype: see the
+    (default: the first of those the installed torch has); ce and residual_dtype: see the
     module docstring."""
 
     def __init__(self, cfg: Config, attn: Optional[str] = None, head: str = "vp", norm: Optional[str] = None,
-                 loss_vp: bool = False, residual_dtype: Optional[torch.dtype] = None):
+                 ce: str = "v", residual_dtype: Optional[torch.dtype] = None):
         super().__init__()
         problems = cfg.problems()
         if problems:
@@ -173,9 +176,10 @@ class PlainGPT(nn.Module):
             raise ValueError(f"head {head!r} (use vp or v), norm {norm!r} (use fused or manual)")
         if norm == "fused" and not HAS_RMS_NORM:
             raise ValueError(f"norm 'fused' needs F.rms_norm (torch >= 2.4), have {torch.__version__}")
-        if loss_vp and head != "vp":
-            raise ValueError("loss_vp reads all Vp logits: it needs head 'vp'")
-        self.cfg, self.head, self.loss_vp, self.residual_dtype = cfg, head, loss_vp, residual_dtype
+        if ce not in ("v", "vp", "masked") or (ce != "v" and head != "vp"):
+            raise ValueError(f"ce {ce!r} with head {head!r}: use 'v', or 'vp' or 'masked' (they read all Vp "
+                             f"logits) with head 'vp'")
+        self.cfg, self.head, self.ce, self.residual_dtype = cfg, head, ce, residual_dtype
         # nn.Linear's and nn.Embedding's own initialisation is replaced by init_weights; its draws
         # go to a forked generator, so one seed gives this model the parameters model.py and
         # fast_model.py get (same random stream, same order)
@@ -241,7 +245,7 @@ class PlainGPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None):
         """idx, targets (B, T) int64 -> mean cross-entropy over all B*T positions, or the logits
         (B, T, V) without targets."""
-        V, Vp = self.cfg.V, self.cfg.Vp
+        V = self.cfg.V
         if idx.shape[1] > self.cfg.T:
             raise ValueError(f"sequence length {idx.shape[1]} exceeds the model's T={self.cfg.T}")
         x = self.wte(idx)
@@ -254,8 +258,8 @@ class PlainGPT(nn.Module):
             logits = F.linear(x, self.wte.weight[:V])
         else:
             logits = self.lm_head(x)                                    # (B, T, Vp)
-            if targets is not None and self.loss_vp:
-                return F.cross_entropy(logits.view(-1, Vp), targets.view(-1))
+            if targets is not None and self.ce != "v":
+                return vp_cross_entropy(logits, targets, V, self.ce == "masked")
             logits = logits[..., :V]
         if targets is None:
             return logits

@@ -26,8 +26,9 @@ Precision, chosen at build time:
                    the training loop sums the fp32 gradients over the ranks
                    once per optimizer step, before the norm and AdamW.
 There are no run-time switches: each op picks its kernel by one predicate on the
-shape and precision (each kernels/<op>.cuh says which). Per-op timing: every op is an NVTX
-range (op_range, kernels/common.cuh) that nsys reports (dev/bench_gpu.sh).
+shape and precision (each kernels/<op>.cuh says which). Per-op timing: every op is a
+range (op_range, kernels/common.cuh): an NVTX range, and with -op_times 1 a CUDA event,
+from which the trainer prints each op's GPU time per step at the end (dev/bench_gpu.sh).
 
 Determinism: no floating-point atomics anywhere. Per-channel reductions over
 positions (norm weights, routing q and gamma) write per-block partials that a
@@ -73,6 +74,7 @@ sublayer j-1 (recomputing h_j from the streams), keeping one fp32 stream gradien
 #include "common/dist.h"   // here, outside the namespace: it includes system headers (and nccl.h)
 
 #define TRAINER_HAS_HC   // common/train_loop.h: this trainer runs -r hc
+#define TRAINER_HAS_OP_TIMES   // common/train_loop.h: -op_times 1 (op_times_on, op_times_print: kernels/common.cuh)
 
 #ifdef PRECISION_FP32
 typedef float floatX;
@@ -1022,7 +1024,7 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
         }
         off += n;
     }
-    op_range(NULL);   // the step's last range ends
+    op_range(NULL);   // the step's last range ends (-op_times: its times are summed here)
 }
 
 // ----------------------------------------------------------------------------
@@ -1104,12 +1106,13 @@ static void device_init(char *desc, size_t n) {
 
 static void device_sync(void) { cudaCheck(cudaDeviceSynchronize()); }
 
-// GPU memory in use at the end of training, then release cuBLAS
+// GPU memory in use at the end of training, then release cuBLAS and the -op_times events
 static void device_finish(char *desc, size_t n) {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     snprintf(desc, n, "GPU memory in use %.1f MiB of %.1f MiB; ", (total_b - free_b) / 1048576.0, total_b / 1048576.0);
     if (cublas != NULL) { cublasCheck(cublasDestroy(cublas)); cublas = NULL; }
+    op_times_free();
 }
 
 // row t of the last forward's logits, copied to the host as float

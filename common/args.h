@@ -30,6 +30,7 @@ typedef struct {
     int ckpt_every;          // -ckpt_every steps between checkpoints (0 = only at the end)
     unsigned long long seed; // -seed parameter init and sampling seed
     float init_std;          // -init_std std of matrix init
+    int op_times;            // -op_times 1: per-op GPU time table at the end (train_mhar_cu)
 } TrainArgs;
 
 static void args_defaults(TrainArgs *a) {
@@ -105,7 +106,9 @@ static void args_usage(const char *prog) {
         "  -val_batches N micro-batches per val loss (default 8)\n"
         "  -sample_every N  print a sample every N steps and at the end, 0 = never (default 100)\n"
         "  -sample_len N  tokens per sample, at most T (default 64)\n"
-        "  -ckpt_every N  checkpoint every N steps and at the end, 0 = end only (default 0)\n",
+        "  -ckpt_every N  checkpoint every N steps and at the end, 0 = end only (default 0)\n"
+        "  -op_times 1    per-op GPU time table at the end, the mean over every step after the first\n"
+        "                 (train_mhar_cu; its op ranges) (default 0)\n",
         prog);
 }
 
@@ -168,6 +171,7 @@ static void args_parse(TrainArgs *a, int argc, char **argv) {
         INT_FLAG("ckpt_every", a->ckpt_every, 0, INT_MAX)
         else if (strcmp(f, "seed") == 0) { a->seed = parse_u64_flag("seed", v); }
         REAL_FLAG("init_std", a->init_std, 0, 1, 10, 0)
+        INT_FLAG("op_times", a->op_times, 0, 1)
         else { die("unknown flag -%s; run %s --help for the list", f, argv[0]); }
 #undef INT_FLAG
 #undef REAL_FLAG

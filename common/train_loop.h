@@ -12,6 +12,11 @@
 //                                                         logits (V floats) on the host
 // Data-parallel runs (common/dist.h) also read the Model's grads_mem and
 // params_mem (nparams values each; fp32 device arrays on the NCCL path).
+// A trainer that defines TRAINER_HAS_OP_TIMES (train_mhar.cu) also has
+//   void op_range(const char *name)          open the op range name (closing the one before)
+//   void op_times_on(int on)                 time each op range of the steps that follow
+//   void op_times_print(double step_ms)      print the per-op table (step_ms: mean wall-clock step)
+// for -op_times 1 (the other trainer refuses the flag).
 // Both trainers' Model has the fields lr_new and lr_route (learning-rate
 // multiples, config.h's param_lr_scale, read by their adamw_update), set here
 // from -lr_new and -lr_route.
@@ -172,6 +177,12 @@ static int train_main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);   // progress lines appear at once, also through a pipe (tee)
     TrainArgs args;
     args_parse(&args, argc, argv);
+#ifndef TRAINER_HAS_OP_TIMES
+    if (args.op_times) {
+        die("-op_times 1: the per-op GPU time table is the CUDA trainer's (it times train_mhar_cu's op ranges); "
+            "use train_mhar_cu, or time whole steps here with -op_times 0 (each step line gives its ms)");
+    }
+#endif
     Config *cfg = &args.cfg;
     int B = args.B, T = cfg->T;
     int accum = (int)(args.total_batch / ((long)B * T));
@@ -253,8 +264,15 @@ static int train_main(int argc, char **argv) {
     logger_init(&logger, args.out_dir, args.resume[0] != '\0');
 
     char last_ckpt[4096] = "";   // the newest checkpoint this run saved, for the divergence message
+    double timed_ms = 0;   // -op_times: wall-clock ms of the timed steps (all after the run's first)
+    int timed_steps = 0;
     for (int step = state.step; step < args.steps; step++) {
         int last = step == args.steps - 1;
+        // -op_times 1 times every step but the run's first (cuBLAS's heuristics, first allocations)
+        int timed = args.op_times && step > state.step;
+#ifdef TRAINER_HAS_OP_TIMES
+        op_times_on(timed);
+#endif
         double t0 = wall_ms();
         model_zero_grad(&model);
         double loss = 0;
@@ -265,6 +283,9 @@ static int train_main(int argc, char **argv) {
             model_backward(&model, dloss);                                      // runs in the forward
             loss += model.loss;
         }
+#ifdef TRAINER_HAS_OP_TIMES
+        if (dist.nccl) { op_range("gradient all-reduce"); }   // its own op, not the backward's last
+#endif
         dist_sum_floats(&dist, model.grads_mem, model.nparams);   // the whole step's gradient on every rank
         dist_sum_host(&dist, &loss, 1);
         loss /= accum;
@@ -279,8 +300,12 @@ static int train_main(int argc, char **argv) {
         float gscale = args.clip > 0 && norm > args.clip ? (float)(args.clip / norm) : 1.0f;
         float lr = lr_at(step, args.steps, args.warmup, args.lr, args.lr_min_frac);
         adamw_update(&model, lr, args.beta1, args.beta2, args.eps, args.wd, gscale, step + 1);
+#ifdef TRAINER_HAS_OP_TIMES
+        op_times_on(0);   // val loss and samples are not timed, and leave no event in the next step
+#endif
         device_sync();
         double ms = wall_ms() - t0;
+        if (timed) { timed_ms += ms; timed_steps++; }
         double tok_s = args.total_batch / (ms / 1e3);
         printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
                step + 1, args.steps, loss, lr, norm, ms, tok_s);
@@ -314,6 +339,9 @@ static int train_main(int argc, char **argv) {
         }
     }
     dist_check_same(&dist, model.params_mem, model.nparams * sizeof(*model.params_mem), "the final parameters");
+#ifdef TRAINER_HAS_OP_TIMES
+    if (args.op_times && rank0) { op_times_print(timed_steps > 0 ? timed_ms / timed_steps : 0); }
+#endif
     device_finish(desc, sizeof(desc));   // before freeing, so it sees the memory in use
     logger_free(&logger);
     dataloader_free(&train);

@@ -3,16 +3,16 @@
 # (bf16), then alternates A and B runs (ROUNDS rounds per mode) on the 100M model, B=16,
 # T=2048, random tokens, and prints the mean tokens/s of each, B/A, and the GPU memory in use
 # at the end of each side's last run, per mode; with
-# PROFILE=1 also the routing lines of each one's per-op profile (NVTX ranges under nsys,
-# when nsys is found: dev/nsys_ops.sh; a binary without NVTX ranges shows none). Alternating
-# rounds spread clock and thermal drift over both sides.
+# PROFILE=1 also the routing lines of each one's per-op table (the trainer's -op_times 1: GPU
+# time of each op range, mean over the 5 steps after the first; a version without -op_times
+# shows its error line instead). Alternating rounds spread clock and thermal drift over both sides.
 #   usage: bash dev/ab_gpu.sh A B ["mode flags" ...]
 #          A, B: a version of train_mhar.cu (built here, bf16), or a built train_mhar_cu binary;
 #          the same file twice is built once (then A_ENV / B_ENV make the difference)
 #          (default modes: "-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
-#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a PROFILE_GREP='route|residual|Range'
-#        (the profile lines shown); A_ENV, B_ENV: variables for the A or B runs
-#        only, as "NAME=value ..."
+#   env: ROUNDS=2 STEPS=12 PROFILE=1 GPU_ARCH=sm_90a PROFILE_GREP='route|residual'
+#        (the table's op lines shown, beside its header and total); A_ENV, B_ENV: variables
+#        for the A or B runs only, as "NAME=value ..."
 # Example (a version whose headers differ: extract it with them, its own includes come first):
 #   mkdir -p /tmp/a && git archive main train_mhar.cu common kernels | tar -x -C /tmp/a
 #   bash dev/ab_gpu.sh /tmp/a/train_mhar.cu train_mhar.cu
@@ -25,7 +25,7 @@ for f in "$A" "$B"; do
 done
 modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("-r std" "-r mhar -H 8" "-r mhar -H 8 -S 4")
 ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-12} GPU_ARCH=${GPU_ARCH:-sm_90a}
-PROFILE_GREP=${PROFILE_GREP:-route|residual|Range}
+PROFILE_GREP=${PROFILE_GREP:-route|residual}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublas -lcudart"   # -I.: common/
 t0=$(date +%s)
@@ -67,10 +67,11 @@ done
 if [ "${PROFILE:-1}" = 1 ]; then
     for m in "${modes[@]}"; do
         for s in a b; do
-            echo; echo "profile $s, $m (GPU time per NVTX range over 4 steps):"
-            if [ "$s" = a ]; then envs=${A_ENV:-}; else envs=${B_ENV:-}; fi
-            env $envs bash dev/nsys_ops.sh "$tmp/prof_$s" "$tmp/$s" -preset 100m -T 2048 -b 16 -warmup 1 \
-                -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n 4 $m | grep -E "$PROFILE_GREP" || true
+            echo; echo "profile $s, $m (GPU time per op range, mean over 5 steps):"
+            log=$(train "$tmp/$s" 6 -op_times 1 $m 2>&1) || true
+            table=$(sed -n '/^per-op GPU time/,/^  total/p' <<< "$log")
+            if [ -n "$table" ]; then grep -E "^per-op|^  op |^  total|$PROFILE_GREP" <<< "$table" || true
+            else echo "no per-op table (a version without -op_times?): $(tail -1 <<< "$log")"; fi
         done
     done
 fi

@@ -11,8 +11,8 @@
 #   std's residual bytes; dev/cuda/hc.cu's notes give the expected figures).
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
-# Then a per-op breakdown of our std, mhar H=8 and hc n=4 (the trainer's NVTX ranges under nsys, when
-# nsys is found: dev/nsys_ops.sh; else a note that the breakdown is skipped).
+# Then a per-op breakdown of our std, mhar H=8 and hc n=4: the trainer's own table (-op_times 1: the GPU
+# time of each op range, kernels/common.cuh, from CUDA events; no profiler needed), mean over 5 steps.
 #   usage: bash dev/bench_gpu.sh   (env: STEPS=15 B=16 T=2048 PRESET=100m TRAINER PEAK_TFLOPS PYTHON
 #                                   TORCH=1 (0: skip PyTorch)  TORCH_ARGS (bench_torch.py's flags)
 #                                   TORCH_MHAR_ARGS (its flags for mhar; default TORCH_ARGS, with
@@ -21,7 +21,8 @@
 #                                   RUNS="std mhar8 block4 block8 hc4" (our runs to measure; std is
 #                                   always one, the others' ratios are against it)
 #                                   MAKE=1 (0: use TRAINER as it is when it exists, without make))
-# Dry run without a GPU: TRAINER=./train_mhar PRESET=test T=16 B=4 TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
+# Dry run without a GPU (no block8: the test preset has 4 sublayers):
+#   TRAINER=./train_mhar PRESET=test T=16 B=4 RUNS="std mhar8 block4 hc4" TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-15} B=${B:-16} T=${T:-2048} PRESET=${PRESET:-100m} TRAINER=${TRAINER:-./train_mhar_cu}
@@ -121,16 +122,14 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 
-# per-op breakdown of 4 steps (GPU time of each NVTX range: kernels/common.cuh's op_range)
+# per-op breakdown: the trainer's -op_times table (GPU time of each op range, mean over the 5 steps after
+# the first; the CPU trainer has none)
 if [ "${PROFILE:-1}" = 1 ] && [ "$TRAINER" != ./train_mhar ]; then
-    prof=$(mktemp -d)
     for k in std mhar8 hc4; do
         case " $RUNS " in *" $k "*) ;; *) continue ;; esac
-        mode=${FLAGS[$k]#-r }
         echo
-        echo "per-op breakdown, our $mode (4 steps):"
-        bash dev/nsys_ops.sh "$prof/ops" "$TRAINER" -preset "$PRESET" -T "$T" -b "$B" -warmup 1 \
-            -i data/bench/random_3m.bin -j '' -sample_every 0 -val_every 0 -n 4 -r $mode
+        echo "per-op breakdown, our ${FLAGS[$k]#-r }:"
+        log=$(train -n 6 -op_times 1 ${FLAGS[$k]} 2>&1) || { echo "$log" >&2; exit 1; }
+        sed -n '/^per-op GPU time/,/^  total/p' <<< "$log"
     done
-    rm -rf "$prof"
 fi

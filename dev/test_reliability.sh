@@ -80,6 +80,8 @@ expect_fail "-eps 0 (0/0 in AdamW)" "-eps 0 is out of range" -eps 0
 expect_fail "-seed -1" "-seed '-1' is not an integer" -seed -1
 expect_fail "-overwrite 2" "-overwrite 2 is out of range" -overwrite 2
 expect_fail "-L 512" "-L 512 is out of range" -L 512
+expect_fail "-op_times 2" "-op_times 2 is out of range" -op_times 2
+expect_fail "-op_times 1 (the CUDA trainer's)" "the per-op GPU time table is the CUDA trainer's" -op_times 1
 expect_fail "a directory as a shard" "is a directory, not a token shard" -i "$W"
 expect_fail "-tok EOT id >= V (crashed in sampling)" "end-of-text id 99 is outside this model's vocabulary V=61" -tok "$W/tok100.bin" -n 1 -sample_every 1
 

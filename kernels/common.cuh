@@ -1,6 +1,7 @@
 // kernels/common.cuh: what every kernel header of train_mhar.cu uses.
 //   - checked CUDA and cuBLAS calls (one line naming the call site, then exit 1)
-//   - NVTX ranges named after the ops (nsys and ncu read them; no cost without a tool)
+//   - op ranges named after the ops: NVTX ranges (nsys and ncu read them; no cost without
+//     a tool) and, with -op_times 1, CUDA events for a per-op GPU time table
 //   - conversions floatX <-> float, warp and block reductions, the cast kernel
 //   - 16-byte packs of floatX (Pack, Packed<VEC>) and their loads and stores
 //   - cp.async, ldmatrix and mma.sync m16n8k16 wrappers (flash attention, the routing
@@ -35,18 +36,123 @@ inline unsigned ceil_div(size_t a, size_t b) { return (unsigned)((a + b - 1) / b
 void zero(void *p, size_t bytes) { if (bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, 0)); } }
 
 // ----------------------------------------------------------------------------
-// Per-op timing: op_range("name") closes the range opened by the previous call and
-// opens an NVTX range "name", so the host code between two calls (and the GPU work
-// it launches: nsys's NVTX GPU projection) is booked to the op named first.
-// op_range(NULL) closes the last range (end of an optimizer step). nsys reads them:
-//   nsys profile -t cuda,nvtx ./train_mhar_cu ...; nsys stats -r nvtx_gpu_proj_sum
-// (dev/bench_gpu.sh does that when nsys is found). Without a tool attached, an NVTX
-// call is a test of one pointer.
+// Per-op ranges: op_range("name") closes the range opened by the previous call and
+// opens one named "name", so the host code between two calls (and the GPU work it
+// launches) is booked to the op named first. op_range(NULL) closes the last range (end
+// of an optimizer step). Each range is an NVTX range (nsys or ncu read them; without a
+// tool attached an NVTX call is a test of one pointer) and, while -op_times 1 has the
+// timer on, a CUDA event (op_times below).
+//
+// Per-op GPU time without a profiler (-op_times 1: common/train_loop.h turns the timer
+// on for each training step after the run's first, off after the step's update, and
+// prints op_times_print's table at the end). While on, each op_range call records an
+// event on stream 0, and event i opens the op ev_name[i]. Every kernel, copy and
+// collective of the trainer runs on that one stream, in launch order, so the GPU time
+// between events i and i+1 is exactly that of the work launched between the two calls.
+// Time the GPU sits idle between them (the host busy, or waiting on a readback: the
+// loss after the forward, the gradient norm before AdamW) lands in the op before it.
+// op_range(NULL) records the step's end event, waits for it, adds each interval to the
+// total of its op and starts the next step's list. Ops are matched by name there, after
+// the wait, off the launch path (strcmp: a name repeats per layer and may come from
+// several call sites; names are string literals, kept as pointers) and listed in the
+// order they first appear, the code's order (forward, then backward). Off (the
+// default), op_range records no event: the same kernels, the same bits.
+#define OP_TIMES_MAX_OPS 128
+struct OpTimes {
+    int on;                             // record events (op_times_on)
+    cudaEvent_t *ev;                    // (cap) created as the pool grows; ev[0 .. nev-1]: this step's
+    const char **ev_name;               // (cap) the op event i opens; NULL for the step's end
+    size_t nev, cap;
+    const char *name[OP_TIMES_MAX_OPS]; // (nops) the table's rows, in order of first appearance
+    double ms[OP_TIMES_MAX_OPS];        // (nops) GPU ms over the timed steps
+    size_t ranges[OP_TIMES_MAX_OPS];    // (nops) ranges over the timed steps
+    size_t nops, steps;                 // rows; steps timed
+};
+OpTimes op_times = {};
+
+void op_times_record(const char *name) {
+    OpTimes *t = &op_times;
+    if (t->nev == t->cap) {   // grow the pool; events are created once and reused every step
+        size_t cap = t->cap ? 2 * t->cap : 1024;
+        t->ev = (cudaEvent_t *)realloc(t->ev, cap * sizeof(cudaEvent_t));
+        t->ev_name = (const char **)realloc(t->ev_name, cap * sizeof(const char *));
+        if (t->ev == NULL || t->ev_name == NULL) { die("out of memory growing the -op_times event pool to %zu", cap); }
+        for (size_t i = t->cap; i < cap; i++) { cudaCheck(cudaEventCreate(&t->ev[i])); }
+        t->cap = cap;
+    }
+    cudaCheck(cudaEventRecord(t->ev[t->nev], 0));
+    t->ev_name[t->nev++] = name;
+}
+
+// The step's end: wait for its last event, add each interval to its op's total.
+void op_times_step_end(void) {
+    OpTimes *t = &op_times;
+    if (t->nev < 2) { t->nev = 0; return; }
+    cudaCheck(cudaEventSynchronize(t->ev[t->nev - 1]));
+    for (size_t i = 0; i + 1 < t->nev; i++) {
+        size_t k = 0;
+        while (k < t->nops && strcmp(t->name[k], t->ev_name[i]) != 0) { k++; }
+        if (k == t->nops) {
+            if (k == OP_TIMES_MAX_OPS) { die("internal: more than %d op names for -op_times", OP_TIMES_MAX_OPS); }
+            t->name[k] = t->ev_name[i]; t->ms[k] = 0; t->ranges[k] = 0;
+            t->nops++;
+        }
+        float ms = 0;
+        cudaCheck(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
+        t->ms[k] += ms;
+        t->ranges[k]++;
+    }
+    t->steps++;
+    t->nev = 0;
+}
+
 int op_range_open = 0;
 void op_range(const char *name) {
     if (op_range_open) { nvtxRangePop(); }
     op_range_open = name != NULL;
     if (name != NULL) { nvtxRangePushA(name); }
+    if (op_times.on) {
+        op_times_record(name);
+        if (name == NULL) { op_times_step_end(); }
+    }
+}
+
+// Timer on or off (a step's events not yet summed are dropped).
+void op_times_on(int on) {
+    op_times.on = on;
+    op_times.nev = 0;
+}
+
+// The table of the timed steps, one row per op: ms per step, share of the rows' sum,
+// ranges per step; then their total beside step_ms, the mean wall-clock time of the
+// same steps (what the ranges leave out: host time before the step's first range and
+// after its last).
+void op_times_print(double step_ms) {
+    const OpTimes *t = &op_times;
+    if (t->steps == 0) {
+        printf("per-op GPU time: no step was timed (-op_times times the steps after the first); give -n 2 or more\n");
+        return;
+    }
+    double total = 0;
+    size_t ranges = 0;
+    for (size_t k = 0; k < t->nops; k++) { total += t->ms[k]; ranges += t->ranges[k]; }
+    double n = (double)t->steps;
+    printf("per-op GPU time, mean over %zu steps (every step after the first; CUDA events at each op range):\n",
+           t->steps);
+    printf("  %-30s %10s %7s %12s\n", "op", "ms/step", "share", "ranges/step");
+    for (size_t k = 0; k < t->nops; k++) {
+        printf("  %-30s %10.3f %6.1f%% %12.4g\n", t->name[k], t->ms[k] / n, 100 * t->ms[k] / total, t->ranges[k] / n);
+    }
+    printf("  %-30s %10.3f %6.1f%% %12.4g   (wall-clock step %.3f ms: the ranges cover %.1f%%)\n", "total", total / n,
+           100.0, ranges / n, step_ms, 100 * total / n / step_ms);
+}
+
+// Release the event pool (device_finish).
+void op_times_free(void) {
+    OpTimes *t = &op_times;
+    for (size_t i = 0; i < t->cap; i++) { cudaCheck(cudaEventDestroy(t->ev[i])); }
+    free(t->ev); free(t->ev_name);
+    memset(t, 0, sizeof(*t));
 }
 
 __device__ __host__ inline float toF(float x) { return x; }

@@ -75,7 +75,7 @@ done
 run test_mhar_full test_mhar_full 240 ./test_mhar
 keep test_mhar_full "FAIL|HD=(64|128) T=|C=(512|1024) |causal 100m|bit-identical|passed,"
 
-# 3. A/B throughput (PROFILE=0: no nsys)
+# 3. A/B throughput (PROFILE=0: no per-op tables)
 run ab_100m ab_100m 150 env ROUNDS=2 STEPS=12 PROFILE=0 bash dev/ab_gpu.sh "$old" ./train_mhar_cu "-r std" "-r mhar -H 8"
 keep ab_100m "^ab_gpu|^mode|^-r "
 

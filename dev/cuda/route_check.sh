@@ -42,11 +42,11 @@ grep -E "^FAIL" "$out/test.txt" | cut -c1-230 | tee -a "$out/summary.txt"
 
 if [ -n "$aba" ]; then
     t0=$(date +%s)
-    ROUNDS=${ROUNDS:-2} PROFILE_GREP='route|bwd matmul|Range' bash dev/ab_gpu.sh "$aba" train_mhar_cu "-r mhar -H 8" \
+    ROUNDS=${ROUNDS:-2} PROFILE_GREP='route|bwd matmul' bash dev/ab_gpu.sh "$aba" train_mhar_cu "-r mhar -H 8" \
         "-r mhar -H 8 -S 4" "-r mhar -H 8 -S 8" >"$out/ab.txt" 2>&1
     summary "A/B (A: $aba, B: this train_mhar_cu), exit $? in $(( $(date +%s) - t0 )) s:"
     sed -n '/^mode/,/^$/p' "$out/ab.txt" | tee -a "$out/summary.txt"
-    grep -E "^profile|route|bwd matmul|Range" "$out/ab.txt" | tee -a "$out/summary.txt"
+    grep -E "^profile|route|bwd matmul|^  total" "$out/ab.txt" | tee -a "$out/summary.txt"
 fi
 
 if [ "${SANITIZE:-0}" = 1 ]; then   # memcheck and racecheck on the quick subset (its bf16 flash configs take the new path)

@@ -8,6 +8,7 @@
 #      its logs packed into $OUT; a second call on a bare machine (empty runs folder) that skips
 #      the run committed under the results folder, runs the next, probes it, and reports a run the
 #      trainer refuses as FAILED without stopping; --status counts what is done.
+#   3. dev/runs/cpu_ordering.sh end to end on random tokens: its table, and a rerun that keeps the runs.
 # Prints one PASS/FAIL line per check and "N passed, N failed"; exits 1 on any failure.
 #   bash dev/test_study.sh      (needs ./train_mhar: make train_mhar)
 set -u
@@ -103,4 +104,20 @@ check "study.sh --next x: non-zero exit, one-line error" eval '[ $rc -ne 0 ] && 
 $PY dev/runs/study_collect.py --results "$W/res" --matrix "$W/matrix.txt" --table "$W/e.md" --fig "$W/e.png" > /dev/null 2>&1
 check "the collector reads study.sh's own output (attnres delta against std, probe table)" \
     eval 'grep -q "^| attnres |.*| 1 |" "$W/e.md" && grep -q "KL trained" "$W/e.md" && [ -s "$W/width.png" ]'
+
+# ---------------------------------------------------------------- dev/runs/cpu_ordering.sh
+# two seeds of its four methods, 2 steps each, on random GPT-2 tokens: a table of four rows with a
+# tail per seed, std's difference 0; a second call finds every run done and runs none
+mkdir -p "$W/tiny"
+$PY dev/make_shard.py "$W/tiny/r_train_000000.bin" --tokens 20000 --seed 1 > /dev/null
+$PY dev/make_shard.py "$W/tiny/r_val_000000.bin" --tokens 20000 --seed 2 > /dev/null
+DATA="$W/tiny" STEPS=2 SEEDS="1 2" bash dev/runs/cpu_ordering.sh "$W/ord" > "$W/ord1.out" 2>&1
+rc=$?
+check "cpu_ordering.sh: 8 runs, a table of std, attnres, mhar8, mhar8lr8 with two seeds, std's difference 0" \
+    eval '[ $rc -eq 0 ] && [ "$(grep -c "^cpu_ordering: " "$W/ord1.out")" -eq 8 ] &&
+          awk "/^(std|attnres|mhar8|mhar8lr8) / && NF == 5 && \$2 > 0 && \$3 > 0 {n++} /^std / && \$5 != \"0.0000\" {n = -99}
+               END {exit n == 4 ? 0 : 1}" "$W/ord1.out"'
+DATA="$W/tiny" STEPS=2 SEEDS="1 2" bash dev/runs/cpu_ordering.sh "$W/ord" > "$W/ord2.out" 2>&1
+check "cpu_ordering.sh again: every run kept, none rerun, the same table" \
+    eval '! grep -q "^cpu_ordering: " "$W/ord2.out" && diff <(grep "^std \|^attnres " "$W/ord1.out") <(grep "^std \|^attnres " "$W/ord2.out") > /dev/null'
 finish

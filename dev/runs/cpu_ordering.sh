@@ -6,15 +6,17 @@
 # on 8 batches. Each run's log goes to OUT/<method>_s<seed>/log.txt (kept when it exists: rerun
 # to finish an interrupted set); then a table of the tail mean (val points after 3/4 of the steps,
 # as the study's) per method and seed, and the difference against std paired by seed.
-#   usage: bash dev/runs/cpu_ordering.sh [OUT]   (default runs/cpu_ordering; env SEEDS="1 2" STEPS=400)
+#   usage: bash dev/runs/cpu_ordering.sh [OUT]   (default runs/cpu_ordering; env SEEDS="1 2" STEPS=400
+#          DATA=data/tiny: a folder of *_train_*.bin and *_val_*.bin shards of GPT-2 tokens)
 # About 2.5 min a run on two cores: 8 runs, about 20 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/cpu_ordering}
 SEEDS=${SEEDS:-"1 2"}
 STEPS=${STEPS:-400}
+DATA=${DATA:-data/tiny}
 make -s train_mhar
-[ -f data/tiny/tokenizer.bin ] || make -s data/tiny
+if [ "$DATA" = data/tiny ] && [ ! -f data/tiny/tokenizer.bin ]; then make -s data/tiny; fi
 declare -A FLAGS=([std]="-r std" [attnres]="-r attnres" [mhar8]="-r mhar -H 8" [mhar8lr8]="-r mhar -H 8 -lr_route 8")
 METHODS="std attnres mhar8 mhar8lr8"
 for seed in $SEEDS; do
@@ -23,8 +25,8 @@ for seed in $SEEDS; do
         if [ -f "$dir/log.txt" ] && grep -q "^step $STEPS val_loss" "$dir/log.txt"; then continue; fi
         echo "cpu_ordering: $m seed $seed ($STEPS steps)"
         mkdir -p "$dir"
-        ./train_mhar -preset tiny ${FLAGS[$m]} -seed "$seed" -i 'data/tiny/*_train_*.bin' \
-            -j 'data/tiny/*_val_*.bin' -b 8 -n "$STEPS" -lr 2e-3 -warmup 30 -val_every 25 -val_batches 8 \
+        ./train_mhar -preset tiny ${FLAGS[$m]} -seed "$seed" -i "$DATA/*_train_*.bin" \
+            -j "$DATA/*_val_*.bin" -b 8 -n "$STEPS" -lr 2e-3 -warmup 30 -val_every 25 -val_batches 8 \
             -sample_every 0 -o "$dir" -overwrite 1 > "$dir.out" 2>&1 \
             || { echo "error: $m seed $seed failed; its output: $dir.out" >&2; tail -3 "$dir.out" >&2; exit 1; }
         mv "$dir.out" "$dir/train.txt"

@@ -237,6 +237,7 @@ typedef struct {
     int fwd_kmax, fwd_starts;       // the largest group; the sites that start from a partial
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
+    double *norm_part;              // (NORM_BLOCKS) device: grad_norm's per-block partials
     int *inputs, *targets;          // host copies of the current batch
     float *losses_host;             // (N)
     int B, T;                       // shape of the last forward
@@ -438,6 +439,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_targets, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->enc_scratch, (3 * N + 1) * sizeof(int)));
+    cudaCheck(cudaMalloc(&m->norm_part, NORM_BLOCKS * sizeof(double)));
     m->inputs = (int *)calloc_check(N, sizeof(int));
     m->targets = (int *)calloc_check(N, sizeof(int));
     m->losses_host = (float *)calloc_check(N, sizeof(float));
@@ -998,7 +1000,7 @@ void model_backward(Model *m, float dloss) {
 // L2 norm of all gradients (kernels/adamw.cuh: deterministic)
 double grad_norm(const Model *m) {
     op_range("grad norm");
-    return grad_norm_l2(m->grads_mem, m->nparams);
+    return grad_norm_l2(m->grads_mem, m->nparams, m->norm_part);
 }
 
 // One AdamW step (decoupled weight decay on the matrices only, config.h) with
@@ -1082,6 +1084,7 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
     cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
+    cudaCheck(cudaFree(m->norm_part));
     free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead);
     free(m->inputs); free(m->targets); free(m->losses_host);
 }

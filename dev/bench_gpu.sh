@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark: our CUDA trainer (std, mhar H=8, block S=4 and S=8, hc n=4) and the PyTorch
+# GPU benchmark: our CUDA trainer (std, mhar H=8, block S=4 and S=8, hc n=4, delta H=8 S=8) and the PyTorch
 # baseline (dev/torch_ref/bench_torch.py: torch.compile + bf16 autocast + SDPA + fused AdamW), side
 # by side in one run. The 100M model, B=16, T=2048, random tokens, GPT-2's vocabulary (Vp 50304).
 # PyTorch runs in the configuration TORCH_ARGS names (default: fast_model.py with max-autotune and
@@ -9,7 +9,8 @@
 #   std >= 1.10x PyTorch std;  mhar H=8 >= 0.93x our std;  block >= 0.97x our std;
 #   memory of mhar <= 1.10x our std. hc n=4 (hyper-connections, SPEC section 8) is reported
 #   beside them with its speed and memory against our std (no target: n streams cost n times
-#   std's residual bytes; dev/cuda/hc.cu's notes give the expected figures).
+#   std's residual bytes; dev/cuda/hc.cu's notes give the expected figures), and delta AttnRes
+#   H=8 S=8 (SPEC section 9) from its initialisation (a converted model runs the same kernels).
 # MFU counts 6 * parameters + 12 * L * C * T FLOPs per token (PaLM's convention, as
 # dev/bench_cpu.sh), against the H200's 989 TFLOP/s dense bf16.
 # Then a per-op breakdown of our std, mhar H=8 and hc n=4: the trainer's own table (-op_times 1: the GPU
@@ -19,18 +20,18 @@
 #                                   TORCH_MHAR_ARGS (its flags for mhar; default TORCH_ARGS, with
 #                                   --impl plain, which is std only, as --impl fast)
 #                                   PROFILE=1 (0: skip the breakdown)
-#                                   RUNS="std mhar8 block4 block8 hc4" (our runs to measure; std is
+#                                   RUNS="std mhar8 block4 block8 hc4 delta8" (our runs to measure; std is
 #                                   always one, the others' ratios are against it)
 #                                   MAKE=1 (0: use TRAINER as it is when it exists, without make))
 # Dry run without a GPU (no block8: the test preset has 4 sublayers):
-#   TRAINER=./train_mhar PRESET=test T=16 B=4 RUNS="std mhar8 block4 hc4" TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
+#   TRAINER=./train_mhar PRESET=test T=16 B=4 RUNS="std mhar8 block4 hc4 delta8" TORCH_DEVICE=cpu PYTHON=/usr/bin/python3 bash dev/bench_gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-15} B=${B:-16} T=${T:-2048} PRESET=${PRESET:-100m} TRAINER=${TRAINER:-./train_mhar_cu}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989} TORCH_DEVICE=${TORCH_DEVICE:-cuda} PYTHON=${PYTHON:-python3}
-RUNS=${RUNS:-"std mhar8 block4 block8 hc4"}
+RUNS=${RUNS:-"std mhar8 block4 block8 hc4 delta8"}
 for k in $RUNS; do
-    case $k in std|mhar8|block4|block8|hc4) ;; *) echo "error: RUNS names '$k'; use std mhar8 block4 block8 hc4" >&2; exit 1 ;; esac
+    case $k in std|mhar8|block4|block8|hc4|delta8) ;; *) echo "error: RUNS names '$k'; use std mhar8 block4 block8 hc4 delta8" >&2; exit 1 ;; esac
 done
 case " $RUNS " in *" std "*) ;; *) echo "error: RUNS='$RUNS' lacks std, which the ratios divide by; add it" >&2; exit 1 ;; esac
 if [ "${MAKE:-1}" = 0 ] && [ -x "$TRAINER" ]; then :; else make -s "${TRAINER#./}"; fi
@@ -87,9 +88,9 @@ theirs() {
 declare -A TPS MEM FLAGS
 got() { echo "measured $1: ${TPS[$1]} tokens/s, ${MEM[$1]} MiB"; }   # as each run ends
 FLAGS[std]="-r std" FLAGS[mhar8]="-r mhar -H 8" FLAGS[block4]="-r mhar -H 8 -S 4" FLAGS[block8]="-r mhar -H 8 -S 8"
-FLAGS[hc4]="-r hc -hc_n 4"
+FLAGS[hc4]="-r hc -hc_n 4" FLAGS[delta8]="-r delta -H 8 -S 8"
 read -r TPS[std] MEM[std] P < <(ours ${FLAGS[std]}); got std
-for k in mhar8 block4 block8 hc4; do
+for k in mhar8 block4 block8 hc4 delta8; do
     case " $RUNS " in *" $k "*) read -r TPS[$k] MEM[$k] _ < <(ours ${FLAGS[$k]}); got $k ;; esac
 done
 if [ "${TORCH:-1}" = 1 ]; then   # (TORCH=0: no PyTorch rows)
@@ -100,7 +101,7 @@ fi
 L=$(case $PRESET in 100m) echo 12 ;; *) echo 2 ;; esac)
 C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
 {
-    for k in std mhar8 block4 block8 hc4 torch_std torch_mhar8; do
+    for k in std mhar8 block4 block8 hc4 delta8 torch_std torch_mhar8; do
         if [ -n "${TPS[$k]:-}" ]; then echo "$k ${TPS[$k]} ${MEM[$k]}"; fi
     done
 } | awk -v P="$P" -v L="$L" -v C="$C" -v T="$T" -v peak="$PEAK_TFLOPS" '
@@ -120,6 +121,8 @@ C=$(case $PRESET in 100m) echo 512 ;; *) echo 32 ;; esac)
                    tps["block8"] / tps["std"], (mem["std"] > 0 ? mem["mhar8"] / mem["std"] : 0)
         if ("hc4" in tps)
             printf "hc n=4 against our std: speed %.3f (goal >= 0.90), memory %.3f (goal <= 1.30)\n", tps["hc4"] / tps["std"], (mem["std"] > 0 ? mem["hc4"] / mem["std"] : 0)
+        if ("delta8" in tps)
+            printf "delta H=8 S=8 (SPEC section 9, from its initialisation) against our std: speed %.3f, memory %.3f\n", tps["delta8"] / tps["std"], (mem["std"] > 0 ? mem["delta8"] / mem["std"] : 0)
         printf "(MFU: %.3g FLOPs/token = 6 x %d parameters + 12 L C T, of %d TFLOP/s; memory: ours = GPU memory in use at the end, torch = max allocated)\n", fpt, P, peak
     }'
 

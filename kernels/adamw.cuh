@@ -1,40 +1,60 @@
 // kernels/adamw.cuh: the optimiser's kernels over the flat fp32 parameter and
 // gradient arrays (n floats):
 //  - grad_norm_l2: the L2 norm of the gradients, from fixed per-block fp64 partials of
-//    a grid-stride share, summed in order on the host (deterministic).
+//    a grid-stride share (float4 loads), summed in order on the host (deterministic).
 //  - adamw_step: AdamW on one tensor with decoupled weight decay and the gradients
 //    scaled by gscale (clipping); refreshes the floatX copy of the weights.
 // One thread per element; the trainer's own simple kernels (no lab version).
 #pragma once
 
-#define NORM_BLOCKS 512
+#define NORM_BLOCKS 1024   // the partials of grad_norm_l2: a fixed count, so a fixed order of sums
+#define NORM_THREADS 256
+#define NORM_UNROLL 4       // float4 loads in flight per thread and round (16 floats)
 
-// part[block] = sum of squares (fp64) of a fixed grid-stride share of g
-__global__ void grad_norm_kernel(double *part, const float *g, size_t n) {
-    __shared__ double sh[256];
+// part[block] = sum of squares (fp64) of a fixed share of g: in each round the grid takes
+// NORM_BLOCKS * NORM_THREADS * NORM_UNROLL float4s, thread t of block b the ones at
+// (round base) + (u * NORM_BLOCKS + b) * NORM_THREADS + t for u < NORM_UNROLL, all loads
+// first (64 bytes in flight per thread: the sum is bound by HBM, not by latency). The last
+// n % 4 floats go to block 0's thread 0. g is 16-byte aligned (the gradient allocation).
+__global__ void __launch_bounds__(NORM_THREADS) grad_norm_kernel(double *part, const float *g, size_t n) {
+    __shared__ double sh[NORM_THREADS];
+    const float4 *g4 = reinterpret_cast<const float4 *>(g);
+    const size_t n4 = n / 4, stride = (size_t)NORM_BLOCKS * NORM_THREADS;
     double s = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        s += (double)g[i] * g[i];
+    for (size_t base = (size_t)blockIdx.x * NORM_THREADS + threadIdx.x; base < n4; base += stride * NORM_UNROLL) {
+        float4 v[NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++) {
+            const size_t i = base + u * stride;
+            v[u] = i < n4 ? g4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; u++) {
+            s += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y + (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        for (size_t i = 4 * n4; i < n; i++) { s += (double)g[i] * g[i]; }
     }
     sh[threadIdx.x] = s;
     __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    for (int w = NORM_THREADS / 2; w > 0; w >>= 1) {
         if ((int)threadIdx.x < w) { sh[threadIdx.x] += sh[threadIdx.x + w]; }
         __syncthreads();
     }
     if (threadIdx.x == 0) { part[blockIdx.x] = sh[0]; }
 }
 
-// L2 norm of g (n): fixed per-block partials summed in order on the host
-double grad_norm_l2(const float *g, size_t n) {
-    double *d_part, part[NORM_BLOCKS];
-    cudaCheck(cudaMalloc(&d_part, NORM_BLOCKS * sizeof(double)));
-    grad_norm_kernel<<<NORM_BLOCKS, 256>>>(d_part, g, n);
+// L2 norm of g (n floats, 16-byte aligned): fixed per-block partials (part: NORM_BLOCKS
+// doubles of device scratch) summed in order on the host. The readback waits for the
+// backward: the host needs the norm before AdamW (clipping, and the stop on a non-finite norm).
+double grad_norm_l2(const float *g, size_t n, double *part) {
+    double host[NORM_BLOCKS];
+    grad_norm_kernel<<<NORM_BLOCKS, NORM_THREADS>>>(part, g, n);
     launchCheck();
-    cudaCheck(cudaMemcpy(part, d_part, NORM_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaFree(d_part));
+    cudaCheck(cudaMemcpy(host, part, NORM_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost));
     double total = 0;
-    for (int i = 0; i < NORM_BLOCKS; i++) { total += part[i]; }
+    for (int i = 0; i < NORM_BLOCKS; i++) { total += host[i]; }
     return sqrt(total);
 }
 

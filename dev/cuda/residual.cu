@@ -56,7 +56,11 @@ Versions:
           of their own, and one launch (rmsnorm_dw_reduce_sites_kernel, v2's
           reduction body with blockIdx.y the site) sums them all after the last
           site: 1 reduction launch a step in place of 24. The bench times the 24
-          row kernels and that one launch.
+          row kernels and that one launch, then the reductions alone (v2's 24,
+          v3's one).
+      v4  v3 without the row ahead (an ablation, not a candidate): the three loads
+          of a row together at its top, one row in flight a warp, with the
+          deferred reduction; v4 against v2 is (a)'s share, v3 against v4 (b)'s.
   Also checked with fwd v2: rmsnorm_apply (u recomputed from the stored y and
   rstd, as mhar mode's backward does from h_j) must give the forward's u bit
   for bit.
@@ -361,8 +365,8 @@ __device__ __forceinline__ void bwd_row_load(BwdRow<VEC, NP> &row, const floatX 
 // not in registers. The arithmetic and its order are v2's, element by element:
 // the same dres, dcopy and partial bits. partial[b] (C) gets the block's dw share,
 // summed per lane over its rows in order, then over the 8 warps in order.
-template <int VEC, int NP>
-__global__ void __launch_bounds__(256, NP <= 2 ? 2 : 1)
+template <int VEC, int NP, bool AHEAD_OK = true>
+__global__ void __launch_bounds__(256, AHEAD_OK && NP <= 2 ? 2 : 1)
 rmsnorm_backward_residual_v3_kernel(float *dres, floatX *__restrict__ dcopy, float *__restrict__ partial,
                                     const float *__restrict__ du, const floatX *__restrict__ x,
                                     const float *__restrict__ rstd, const floatX *__restrict__ w, size_t N, int C,
@@ -384,7 +388,7 @@ rmsnorm_backward_residual_v3_kernel(float *dres, floatX *__restrict__ dcopy, flo
     const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
     // a row ahead when two rows fit in 128 registers (NP <= 2: C <= 512 in bf16), else the
     // row's three loads together at the top of its iteration
-    constexpr bool ahead = NP <= 2;
+    constexpr bool ahead = AHEAD_OK && NP <= 2;   // AHEAD_OK false: v4, the ablation
     size_t n = n0 + warp;
     BwdRow<VEC, NP> cur;
     if (ahead && n < n1) { bwd_row_load(cur, x, du, dres, rstd, n, C, lane, add); }
@@ -553,11 +557,16 @@ static float *bwd_run(int ver, const BwdBufs &b) {
         launchCheck();
         return b.dslot;
     }
-    if (ver == 3) {
+    if (ver >= 3) {
         row_dispatch(b.C, aligned16(b.dres) && aligned16(b.dcopy) && aligned16(b.du) && aligned16(b.x), [&](auto lanes) {
             constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
-            rmsnorm_backward_residual_v3_kernel<VEC, NP><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x, b.rstd,
-                                                                     b.w, b.N, b.C, R, 1);
+            if (ver == 3) {
+                rmsnorm_backward_residual_v3_kernel<VEC, NP><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x,
+                                                                         b.rstd, b.w, b.N, b.C, R, 1);
+            } else {
+                rmsnorm_backward_residual_v3_kernel<VEC, NP, false><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x,
+                                                                                b.rstd, b.w, b.N, b.C, R, 1);
+            }
         });
         launchCheck();
         return b.dres;
@@ -791,7 +800,7 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
         cudaCheck(cudaMemcpy(dres, dnext, n * 4, cudaMemcpyDeviceToDevice));   // v2 works in place
         cudaCheck(cudaMemset(dw, 0, C * 4));   // dw accumulates (the trainer zeroes the grads once a step)
         float *res = bwd_run(ver, b);
-        if (ver == 3) { dw_reduce_sites(&dw, partial, 0, 1, N, C); }
+        if (ver >= 3) { dw_reduce_sites(&dw, partial, 0, 1, N, C); }
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> o[3] = {fetch_bytes(res, n * 4), fetch_bytes(dcopy, n * 2), fetch_bytes(dw, C * 4)};
         if (repeat_done(rep, o, first, ok)) { break; }
@@ -799,7 +808,7 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
         ok &= compare("dres", bytes_f32(o[0]), rdx, 1e-5, 1e-5);
         ok &= compare("dcopy", bytes_bf16_to_f(o[1]), rdx, 0x1p-8, 1e-5);
         ok &= compare("dw", bytes_f32(o[2]), rdw, 1e-4, 1e-4);
-        if (ver == 3) {   // v2 on the same inputs: dres, dcopy and dw bit for bit
+        if (ver >= 3) {   // v2 on the same inputs: dres, dcopy and dw bit for bit
             cudaCheck(cudaMemset(dcopy, 0xFF, n * 2));
             cudaCheck(cudaMemset(partial, 0xFF, (size_t)RED_PARTS_MAX * C * 4));
             cudaCheck(cudaMemcpy(dres, dnext, n * 4, cudaMemcpyDeviceToDevice));
@@ -883,7 +892,7 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double copy_gbs
         float *dres = dalloc<float>(n), *dsl = dalloc<float>((size_t)J * n);
         // v3: each site's partials in a slice of their own, its dw its own (C), as in the trainer
         const size_t slice = (size_t)RED_PARTS_MAX * C;
-        float *partial = dalloc<float>((ver == 3 ? CALLS100 : 1) * slice);
+        float *partial = dalloc<float>((ver >= 3 ? CALLS100 : 1) * slice);
         float *dws = dalloc<float>((size_t)CALLS100 * C);
         std::vector<float *> dw_site(CALLS100);
         for (int j = 0; j < CALLS100; j++) { dw_site[j] = dws + (size_t)j * C; }
@@ -894,13 +903,25 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double copy_gbs
         ms = time_median(reps, [&]() {
             for (int j = CALLS100 - 1; j >= 0; j--) {
                 BwdBufs b = {du, rstd + j * N, slots + j * n, w, dres, dsl + (j + 1) * n, dsl + j * n, dcopy, dw,
-                             partial + (ver == 3 ? j * slice : 0), N, C};
+                             partial + (ver >= 3 ? j * slice : 0), N, C};
                 bwd_run(ver, b);
             }
-            if (ver == 3) { dw_reduce_sites(dw_site.data(), partial, slice, CALLS100, N, C); }
+            if (ver >= 3) { dw_reduce_sites(dw_site.data(), partial, slice, CALLS100, N, C); }
         }, &mn);
-        snprintf(what, sizeof what, "bwd %d x (N=%zu C=%d)%s", CALLS100, N, C, ver == 3 ? " + 1 dw" : "");
+        snprintf(what, sizeof what, "bwd %d x (N=%zu C=%d)%s", CALLS100, N, C, ver >= 3 ? " + 1 dw" : "");
         print_time("res", ver, what, ms, mn, CALLS100 * bwd_bytes(N, C), copy_gbs, ver == 1 ? PROF_BWD : 0);
+        if (ver >= 2) {   // the dw reductions alone (their partials as the run above left them)
+            const int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+            float rmn, rms = time_median(reps, [&]() {
+                if (ver >= 3) { dw_reduce_sites(dw_site.data(), partial, slice, CALLS100, N, C); return; }
+                for (int j = 0; j < CALLS100; j++) {
+                    rmsnorm_dw_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, partial, P, C);
+                    launchCheck();
+                }
+            }, &rmn);
+            printf("       v%d dw reductions alone: %.3f ms (min %.3f), %d launch%s\n", ver, rms, rmn,
+                   ver >= 3 ? 1 : CALLS100, ver >= 3 ? "" : "es");
+        }
         cudaCheck(cudaFree(du)); cudaCheck(cudaFree(rstd)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dres));
         cudaCheck(cudaFree(dsl)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dcopy)); cudaCheck(cudaFree(dws));
     }
@@ -939,8 +960,8 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
-    if (ver < 0 || ver > 3 || (ver == 3 && op_fwd) || reps < 1) {
-        fprintf(stderr, "usage: residual [--op fwd|bwd] [--version 1..3 (3: bwd only)] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver > 4 || (ver >= 3 && op_fwd) || reps < 1) {
+        fprintf(stderr, "usage: residual [--op fwd|bwd] [--version 1..4 (3, 4: bwd only)] [--check] [--bench] [--seed S]"
                         " [--reps R];"
                         "  residual --all;  residual --cpu-selftest;  residual --bytes\n");
         return 1;
@@ -948,7 +969,7 @@ int main(int argc, char **argv) {
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;   // fwd has versions 1..2, bwd 1..3
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 4;   // fwd has versions 1..2, bwd 1..4
     print_device(seed);
     bool ok = true;
     if (do_check) {

@@ -176,7 +176,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 26
+#define NUM_GRAD_ACT_TENSORS 27
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -206,6 +206,8 @@ typedef struct {
                        //            weight's gradient (hc)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
+    float *site_part;  // (J, RED_PARTS_MAX, C)  std: each site's norm-weight partials, kept until the one
+                       // reduction of all the sites after site 0 (J MiB at C = 512: 25 MiB at 100m)
     float *delta_dh;   // (N, C)  delta: dL/dh_j of the site being processed
     float *delta_db;   // (N, C)  delta: the gradient of the block sum b_k that the current sublayers write
     float *delta_part; // (RED_PARTS_MAX, C + H + 1)  delta: partials of the null's and the gate's sums
@@ -431,6 +433,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->hc_dXp, N * hn * C, S},
         {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n, c->C) : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
+        {(void **)&g->site_part, c->mode == RES_STD ? J * RED_PARTS_MAX * C : 0, S},
         {(void **)&g->delta_dh, delta ? N * C : 0, S}, {(void **)&g->delta_db, delta ? N * C : 0, S},
         {(void **)&g->delta_part, delta ? (size_t)RED_PARTS_MAX * (C + c->H + 1) : 0, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
@@ -788,7 +791,9 @@ void delta_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) 
 // norm weight's gradient into dw. std: h_j = slot j = x_j, and x_{j+1} = x_j +
 // out_j, so dslots, which holds dL/dx_{j+1} (nothing at the last site), gets
 // the norm's dL/dx_j added and becomes dL/dx_j; the same kernel writes its
-// floatX copy g->dout, the dout of sublayer j-1. mhar: route_site_backward
+// floatX copy g->dout, the dout of sublayer j-1, and leaves the norm weight's
+// partials in g->site_part (slice j): model_backward adds every site's into its
+// dw in one reduction after site 0. mhar: route_site_backward
 // stores G_j = dL/dh_j and S_j, and recomputes u_j into u when u is not NULL
 // (std keeps every u_j). Every site that reads slot j is >= j, so all of
 // them have stored theirs by now: route_slot_backward gathers slot j's gradient
@@ -800,9 +805,9 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
     size_t C = c->C, H = c->H, J = 2 * (size_t)c->L + 1;
-    if (c->mode == RES_STD) {
-        rmsnorm_backward_residual(g->dslots, j > 0 ? g->dout : NULL, dw, g->dln, SLOT(j), a->ln_rstd + j * N, w, N,
-                                  c->C, (size_t)j + 1 < J, g->partial);
+    if (c->mode == RES_STD) {   // dw: from the partials in site_part, after site 0 (model_backward)
+        rmsnorm_backward_residual(g->dslots, j > 0 ? g->dout : NULL, NULL, g->dln, SLOT(j), a->ln_rstd + j * N, w, N,
+                                  c->C, (size_t)j + 1 < J, g->site_part + j * RED_PARTS_MAX * C);
         return;
     }
     if (c->mode == RES_HC) { hc_site_backward(m, (int)j, N, w, dw); return; }
@@ -931,7 +936,8 @@ void model_zero_grad(Model *m) {
 // position's loss: 1/(B*T) for the mean, divided again by the number of
 // accumulated micro-batches. The logits buffer is reused for dlogits (already
 // written by the forward when it was given this dloss: m->ce_dloss).
-// Order: the final site, then for j = 2L-1 .. 0 sublayer j and site j. In mhar
+// Order: the final site, then for j = 2L-1 .. 0 sublayer j and site j (std: then
+// the norm weights' gradients of all the sites, from their partials). In mhar
 // mode site j ends with the gather of slot j (site_backward), and the routing
 // q and gamma gradients are summed once at the end (route_param_backward). In
 // hc mode site j ends with its read's and sublayer j-1's update's backward
@@ -976,6 +982,11 @@ void model_backward(Model *m, float dloss) {
                       c->mode == RES_MHAR ? u : NULL);
         if (j % 2 == 0) { attention_sublayer_weight_backward(m, (int)l, u, B, T); }
         else { mlp_sublayer_weight_backward(m, (int)l, u, B, T); }
+    }
+    if (c->mode == RES_STD) {   // the norm weights' gradients of all the sites, from their partials
+        op_range("bwd route + norm");
+        rmsnorm_dw_reduce_sites([&](int j) { return site_norm_dw(m, j); }, g->site_part, RED_PARTS_MAX * C,
+                                (int)(2 * L + 1), N, c->C);
     }
     // slot 0 = wte[inputs]
     op_range("bwd encoder");

@@ -5,8 +5,9 @@
 //    next norm (std) or the new slot's routing statistic r (block mode), one warp
 //    per row with the row in registers. Lab dev/cuda/residual.cu fwd v2.
 //  - rmsnorm_backward_residual: the norm's backward added into the running gradient
-//    of the residual stream, dw from per-block partials summed in a fixed order.
-//    Lab dev/cuda/residual.cu bwd v2.
+//    of the residual stream, dw from per-block partials summed in a fixed order,
+//    in std once for all the sites (rmsnorm_dw_reduce_sites). Lab
+//    dev/cuda/residual.cu bwd v3.
 // The row kernels take 16-byte packs where C and the pointers allow, else one value
 // a pack (row_dispatch, one predicate): the same kernel template either way.
 #pragma once
@@ -44,7 +45,7 @@ void rmsnorm_forward(floatX *out, float *rstd, const floatX *inp, const floatX *
 // the packs l, l + 32, ... (NP of them) of RVEC floatX values each: 16-byte
 // loads when C and the pointers allow (RVEC = 8 in bf16, 4 in fp32), else one
 // value a pack. The row stays in registers between the reduction and its use.
-// Lab: dev/cuda/residual.cu (v2).
+// Lab: dev/cuda/residual.cu (fwd v2, bwd v3).
 template <int VEC> struct alignas(VEC * sizeof(floatX) < 16 ? VEC * sizeof(floatX) : 16) RowX { floatX x[VEC]; };
 template <int VEC> struct alignas(VEC * 4 < 16 ? VEC * 4 : 16) RowF { float x[VEC]; };
 template <int VEC, int NP> struct RowLanes { static constexpr int vec = VEC, np = NP; };
@@ -67,49 +68,92 @@ template <typename F> void row_dispatch(int C, bool aligned, F f) {
 }
 inline bool aligned16(const void *p) { return p == NULL || (uintptr_t)p % 16 == 0; }
 
-// Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
-// of them. Per row: d = dL/dx of u = rmsnorm(x; w) given du; dres = d (+ dres
-// when add), and its floatX copy dcopy (when not NULL). The block's share of
-// dw[c] = sum_n du x rstd, summed per lane over its rows in order, then over
-// the 8 warps in order through shared memory, goes to partial[b] (C).
+// One row's inputs of the norm backward in registers: x as floatX packs (converted
+// where used), du and the running dres as fp32 packs, and its rstd.
+template <int VEC, int NP> struct BwdRow {
+    RowX<VEC> x[NP];
+    RowF<VEC> g[NP], r[NP];
+    float s;
+};
+
+// Issues row n's loads (x, du, dres when add, rstd); nothing here waits for them.
 template <int VEC, int NP>
-__global__ void __launch_bounds__(256)
-rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, const float *du, const floatX *x,
-                                 const float *rstd, const floatX *w, size_t N, int C, int R, int add) {
-    __shared__ float red[8][32 * VEC];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    float wf[NP][VEC], acc[NP][VEC];
+__device__ __forceinline__ void bwd_row_load(BwdRow<VEC, NP> &row, const floatX *__restrict__ x,
+                                             const float *__restrict__ du, const float *dres,
+                                             const float *__restrict__ rstd, size_t n, int C, int lane, int add) {
 #pragma unroll
     for (int p = 0; p < NP; p++) {
         const int c0 = (lane + 32 * p) * VEC;
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { wf[p][k] = c0 < C ? toF(w[c0 + k]) : 0.0f; acc[p][k] = 0.0f; }
+        if (c0 >= C) { continue; }
+        row.x[p] = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+        row.g[p] = *reinterpret_cast<const RowF<VEC> *>(du + n * C + c0);
+        if (add) { row.r[p] = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
     }
+    row.s = rstd[n];
+}
+
+// Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
+// of them, in order. Per row: d = dL/dx of u = rmsnorm(x; w) given du; dres = d
+// (+ dres when add), and its floatX copy dcopy (when not NULL). The block's share
+// of dw[c] = sum_n du x rstd, summed per lane over its rows in order, then over the
+// 8 warps in order through shared memory, goes to partial[b] (C).
+// Loads in flight: with NP <= 2 (C <= 512 in bf16) two rows fit in the 128 registers
+// of two blocks an SM, and a warp issues its next row's loads before it reduces,
+// computes and stores the current one; wider rows issue their three loads together
+// at the top of the row. w sits in shared memory (fp32), not in registers.
+// Lab: dev/cuda/residual.cu bwd v3.
+template <int VEC, int NP>
+__global__ void __launch_bounds__(256, NP <= 2 ? 2 : 1)
+rmsnorm_backward_residual_kernel(float *dres, floatX *__restrict__ dcopy, float *__restrict__ partial,
+                                 const float *__restrict__ du, const floatX *__restrict__ x,
+                                 const float *__restrict__ rstd, const floatX *__restrict__ w, size_t N, int C, int R,
+                                 int add) {
+    __shared__ float red[8][32 * VEC];
+    __shared__ RowF<VEC> wsh[NP * 32];   // w in fp32 by pack (0 past C)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float acc[NP][VEC];
+    for (int i = threadIdx.x; i < NP * 32; i += blockDim.x) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { wsh[i].x[k] = i * VEC + k < C ? toF(w[i * VEC + k]) : 0.0f; }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { acc[p][k] = 0.0f; }
+    }
+    __syncthreads();
+    constexpr bool ahead = NP <= 2;
     const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
-    for (size_t n = n0 + warp; n < n1; n += 8) {
-        float xf[NP][VEC], g[NP][VEC], gwx = 0.0f;
+    size_t n = n0 + warp;
+    BwdRow<VEC, NP> cur;
+    if (ahead && n < n1) { bwd_row_load(cur, x, du, dres, rstd, n, C, lane, add); }
+    for (; n < n1; n += 8) {
+        BwdRow<VEC, NP> next;
+        if (!ahead) { bwd_row_load(cur, x, du, dres, rstd, n, C, lane, add); }
+        else if (n + 8 < n1) { bwd_row_load(next, x, du, dres, rstd, n + 8, C, lane, add); }
+        float gwx = 0.0f;
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int c0 = (lane + 32 * p) * VEC;
             if (c0 >= C) { continue; }
-            RowX<VEC> xp = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
-            RowF<VEC> gp = *reinterpret_cast<const RowF<VEC> *>(du + n * C + c0);
+            const RowF<VEC> wp = wsh[lane + 32 * p];
 #pragma unroll
-            for (int k = 0; k < VEC; k++) { xf[p][k] = toF(xp.x[k]); g[p][k] = gp.x[k]; gwx += g[p][k] * wf[p][k] * xf[p][k]; }
+            for (int k = 0; k < VEC; k++) { gwx += cur.g[p].x[k] * wp.x[k] * toF(cur.x[p].x[k]); }
         }
         gwx = warp_sum(gwx);
-        const float s = rstd[n], k3 = s * s * s / C * gwx;
+        const float s = cur.s, k3 = s * s * s / C * gwx;
 #pragma unroll
         for (int p = 0; p < NP; p++) {
             const int c0 = (lane + 32 * p) * VEC;
             if (c0 >= C) { continue; }
-            RowF<VEC> r = {};
-            if (add) { r = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
+            const RowF<VEC> wp = wsh[lane + 32 * p];
+            RowF<VEC> r;
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
-                const float d = s * g[p][k] * wf[p][k] - k3 * xf[p][k];
-                r.x[k] = add ? r.x[k] + d : d;
-                acc[p][k] += g[p][k] * xf[p][k] * s;
+                const float g = cur.g[p].x[k], wf = wp.x[k], xf = toF(cur.x[p].x[k]);
+                const float d = s * g * wf - k3 * xf;
+                r.x[k] = add ? cur.r[p].x[k] + d : d;
+                acc[p][k] += g * xf * s;
             }
             *reinterpret_cast<RowF<VEC> *>(dres + n * C + c0) = r;
             if (dcopy) {
@@ -119,6 +163,7 @@ rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, con
                 *reinterpret_cast<RowX<VEC> *>(dcopy + n * C + c0) = o;
             }
         }
+        if (ahead) { cur = next; }
     }
     // the block's dw share: chunk p of 32 VEC channels at a time, warps summed in order
 #pragma unroll
@@ -137,12 +182,19 @@ rmsnorm_backward_residual_kernel(float *dres, floatX *dcopy, float *partial, con
     }
 }
 
-// dw (D) += sum over the P partials of partial (P, D), in a fixed order. Block
-// (32 channels) x (32 partial lanes): lane y sums partials y, y + 32, ... in
-// order (independent loads), then the 32 lane sums are added in lane order.
-// Grid ceil(D / 32).
-__global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, const float *partial, int P, int D) {
+// The dw pointers of up to DW_SITES_MAX sites, passed by value (2 KB of kernel
+// parameters); more sites take more launches.
+#define DW_SITES_MAX 256
+struct DwSites { float *dw[DW_SITES_MAX]; };
+
+// For site s = blockIdx.y: dw[s] (D) += the sum over the P partials of its partial
+// (P, D) at part + s * stride, in a fixed order. Block (32 channels) x (32 partial
+// lanes): lane y sums partials y, y + 32, ... in order (independent loads), then
+// the 32 lane sums are added in lane order. Grid (ceil(D / 32), sites).
+__global__ void __launch_bounds__(1024)
+rmsnorm_dw_reduce_sites_kernel(DwSites sites, const float *part, size_t stride, int P, int D) {
     __shared__ float s[32][33];
+    const float *partial = part + blockIdx.y * stride;
     const int i = blockIdx.x * 32 + threadIdx.x;
     float t = 0.0f;
     if (i < D) {
@@ -153,7 +205,22 @@ __global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, cons
     if (threadIdx.y == 0 && i < D) {
         float sum = 0.0f;
         for (int y = 0; y < 32; y++) { sum += s[y][threadIdx.x]; }
-        dw[i] += sum;
+        sites.dw[blockIdx.y][i] += sum;
+    }
+}
+
+// dw_of(s) (C) += the sum of the partials that rmsnorm_backward_residual wrote for
+// site s over N rows, at part + s * stride (stride >= RED_PARTS_MAX * C floats), for
+// the S sites s = 0 .. S-1: one launch (per DW_SITES_MAX sites) in place of one per
+// site, the same sums in the same order. dw_of: a host function of the site index.
+template <typename F> void rmsnorm_dw_reduce_sites(F dw_of, const float *part, size_t stride, int S, size_t N, int C) {
+    const int P = (int)ceil_div(N, red_rows_per_part(N));
+    for (int s0 = 0; s0 < S; s0 += DW_SITES_MAX) {
+        const int n = S - s0 < DW_SITES_MAX ? S - s0 : DW_SITES_MAX;
+        DwSites t = {};
+        for (int s = 0; s < n; s++) { t.dw[s] = dw_of(s0 + s); }
+        rmsnorm_dw_reduce_sites_kernel<<<dim3(ceil_div(C, 32), n), dim3(32, 32)>>>(t, part + s0 * stride, stride, P, C);
+        launchCheck();
     }
 }
 
@@ -163,8 +230,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, cons
 //                      of the residual stream, one buffer for all the sites)
 //   dcopy (N, C)     = floatX copy of the new dres, which the matmul backwards
 //                      of the sublayer before read as its dout (NULL: none)
-//   dw (C)          += dL/dw, from per-block partials (scratch partial,
-//                      RED_PARTS_MAX * C floats) summed in a fixed order.
+//   partial (P, C)   = per-block sums of dL/dw (P <= RED_PARTS_MAX blocks)
+//   dw (C)          += dL/dw, the partials summed in a fixed order, when dw is not
+//                      NULL; with dw NULL the partials stay for rmsnorm_dw_reduce_sites
+//                      (std: every site's in its own slice, one reduction at the end)
 void rmsnorm_backward_residual(float *dres, floatX *dcopy, float *dw, const float *du, const floatX *x,
                                const float *rstd, const floatX *w, size_t N, int C, int add, float *partial) {
     // u[i] = x[i] s w[i], s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / C:
@@ -175,8 +244,7 @@ void rmsnorm_backward_residual(float *dres, floatX *dcopy, float *dw, const floa
         rmsnorm_backward_residual_kernel<VEC, NP><<<P, 256>>>(dres, dcopy, partial, du, x, rstd, w, N, C, R, add);
     });
     launchCheck();
-    rmsnorm_dw_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, partial, P, C);
-    launchCheck();
+    if (dw != NULL) { rmsnorm_dw_reduce_sites([&](int) { return dw; }, partial, 0, 1, N, C); }
 }
 
 // ----------------------------------------------------------------------------

@@ -46,6 +46,21 @@ Versions:
           each block's dw share summed over its rows and warps in a fixed order
           into a partial, then rmsnorm_dw_reduce_kernel (32 partial lanes per
           channel, summed in lane order).
+      v3  rmsnorm_backward_residual_kernel (kernels/rmsnorm.cuh): v2's arithmetic in
+          v2's order (the check requires dres, dcopy and dw bit-identical to v2's
+          on the same inputs), with (b) the loads a row ahead: each warp issues x,
+          du and dres of its next row before it reduces, computes and stores the
+          current one (C <= 512 in bf16; wider rows issue their three loads
+          together), w in shared memory, 128 registers, 2 blocks an SM as v2;
+          and (a) the dw reduction deferred: each site's partials stay in a slice
+          of their own, and one launch (rmsnorm_dw_reduce_sites_kernel, v2's
+          reduction body with blockIdx.y the site) sums them all after the last
+          site: 1 reduction launch a step in place of 24. The bench times the 24
+          row kernels and that one launch, then the reductions alone (v2's 24,
+          v3's one).
+      v4  v3 without the row ahead (an ablation, not a candidate): the three loads
+          of a row together at its top, one row in flight a warp, with the
+          deferred reduction; v4 against v2 is (a)'s share, v3 against v4 (b)'s.
   Also checked with fwd v2: rmsnorm_apply (u recomputed from the stored y and
   rstd, as mhar mode's backward does from h_j) must give the forward's u bit
   for bit.
@@ -77,6 +92,13 @@ norm 0.71); bwd v2 1.61 ms (24 x 268 MB) plus 24 small dw reductions, against
 zero dslots). Register budget: the kernels hold a row per lane in registers;
 at C = 2048 (the 1b preset, NP = 8) the backward's four arrays of 64 floats
 per lane spill (correct, slower): untried fix, reload x and du from L1.
+
+Predicted for bwd v3 (100m, 24 calls; model in NOTES_residual.md, "bwd v3"):
+1.83 ms (v2 2.036; floor 1.611): ~0.11 ms from the dw reductions (24 launches
+of ~5 us each, the reduction and the gaps on either side, become one of ~8 us
+that reads the 24 MB of partials back), ~0.10 ms from the loads a row ahead (the
+less certain half). Built and run with --cpu-selftest here, without a GPU;
+written, not yet run on a GPU.
 
 STATUS (H200, 2026-11-29; dev/results/lab/residual_h200_2026-11-29.txt): --check all
 PASS on 6 shapes for fwd and bwd, v1 and v2, repeats bit-identical, v2's
@@ -305,6 +327,169 @@ __global__ void __launch_bounds__(1024) rmsnorm_dw_reduce_kernel(float *dw, cons
 }
 
 // ============================================================================
+// v3: the candidate for the trainer (kernels/rmsnorm.cuh): v2's arithmetic in
+// v2's order, with the row's loads issued a row ahead and the dw reduction
+// deferred to one launch for all the sites
+// ============================================================================
+
+// One row's inputs in registers: x as floatX packs (converted where used, the same
+// values as v2's fp32 copies), du and the running dres as fp32 packs, rstd.
+template <int VEC, int NP> struct BwdRow {
+    RowX<VEC> x[NP];
+    RowF<VEC> g[NP], r[NP];
+    float s;
+};
+
+// Issue row n's loads (x, du, dres when add, rstd): nothing here waits for them.
+template <int VEC, int NP>
+__device__ __forceinline__ void bwd_row_load(BwdRow<VEC, NP> &row, const floatX *__restrict__ x,
+                                             const float *__restrict__ du, const float *dres,
+                                             const float *__restrict__ rstd, size_t n, int C, int lane, int add) {
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        const int c0 = (lane + 32 * p) * VEC;
+        if (c0 >= C) { continue; }
+        row.x[p] = *reinterpret_cast<const RowX<VEC> *>(x + n * C + c0);
+        row.g[p] = *reinterpret_cast<const RowF<VEC> *>(du + n * C + c0);
+        if (add) { row.r[p] = *reinterpret_cast<const RowF<VEC> *>(dres + n * C + c0); }
+    }
+    row.s = rstd[n];
+}
+
+// Block b (8 warps) owns the R rows [b R, b R + R); warp w takes rows w, w + 8, ...
+// of them, in order. With NP <= 2 (C <= 512 in bf16) two rows fit in the 128
+// registers of two blocks an SM, and a warp issues its next row's loads before it
+// reduces, computes and stores the current one (two rows in flight a warp, where
+// v2 has du and x of one row, then its dres after the reduction); wider rows issue
+// their three loads together at the top of the row. w sits in shared memory (fp32),
+// not in registers. The arithmetic and its order are v2's, element by element:
+// the same dres, dcopy and partial bits. partial[b] (C) gets the block's dw share,
+// summed per lane over its rows in order, then over the 8 warps in order.
+template <int VEC, int NP, bool AHEAD_OK = true>
+__global__ void __launch_bounds__(256, AHEAD_OK && NP <= 2 ? 2 : 1)
+rmsnorm_backward_residual_v3_kernel(float *dres, floatX *__restrict__ dcopy, float *__restrict__ partial,
+                                    const float *__restrict__ du, const floatX *__restrict__ x,
+                                    const float *__restrict__ rstd, const floatX *__restrict__ w, size_t N, int C,
+                                    int R, int add) {
+    __shared__ float red[8][32 * VEC];
+    __shared__ RowF<VEC> wsh[NP * 32];   // w in fp32, pack c0 / VEC (0 past C): shared, not registers
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float acc[NP][VEC];
+    for (int i = threadIdx.x; i < NP * 32; i += blockDim.x) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { wsh[i].x[k] = i * VEC + k < C ? toF(w[i * VEC + k]) : 0.0f; }
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { acc[p][k] = 0.0f; }
+    }
+    __syncthreads();
+    const size_t n0 = (size_t)blockIdx.x * R, n1 = n0 + R < N ? n0 + R : N;
+    // a row ahead when two rows fit in 128 registers (NP <= 2: C <= 512 in bf16), else the
+    // row's three loads together at the top of its iteration
+    constexpr bool ahead = AHEAD_OK && NP <= 2;   // AHEAD_OK false: v4, the ablation
+    size_t n = n0 + warp;
+    BwdRow<VEC, NP> cur;
+    if (ahead && n < n1) { bwd_row_load(cur, x, du, dres, rstd, n, C, lane, add); }
+    for (; n < n1; n += 8) {
+        BwdRow<VEC, NP> next;
+        if (!ahead) { bwd_row_load(cur, x, du, dres, rstd, n, C, lane, add); }
+        else if (n + 8 < n1) { bwd_row_load(next, x, du, dres, rstd, n + 8, C, lane, add); }
+        float gwx = 0.0f;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            const RowF<VEC> wp = wsh[lane + 32 * p];
+#pragma unroll
+            for (int k = 0; k < VEC; k++) { gwx += cur.g[p].x[k] * wp.x[k] * toF(cur.x[p].x[k]); }
+        }
+        gwx = warp_sum(gwx);
+        const float s = cur.s, k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int c0 = (lane + 32 * p) * VEC;
+            if (c0 >= C) { continue; }
+            const RowF<VEC> wp = wsh[lane + 32 * p];
+            RowF<VEC> r;
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const float g = cur.g[p].x[k], wf = wp.x[k], xf = toF(cur.x[p].x[k]);
+                const float d = s * g * wf - k3 * xf;
+                r.x[k] = add ? cur.r[p].x[k] + d : d;
+                acc[p][k] += g * xf * s;
+            }
+            *reinterpret_cast<RowF<VEC> *>(dres + n * C + c0) = r;
+            if (dcopy) {
+                RowX<VEC> o;
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { o.x[k] = fromF<floatX>(r.x[k]); }
+                *reinterpret_cast<RowX<VEC> *>(dcopy + n * C + c0) = o;
+            }
+        }
+        if (ahead) { cur = next; }
+    }
+    // the block's dw share: chunk p of 32 VEC channels at a time, warps summed in order
+#pragma unroll
+    for (int p = 0; p < NP; p++) {
+        __syncthreads();   // red may still be read for chunk p - 1
+#pragma unroll
+        for (int k = 0; k < VEC; k++) { red[warp][lane * VEC + k] = acc[p][k]; }
+        __syncthreads();
+        for (int i = threadIdx.x; i < 32 * VEC; i += blockDim.x) {
+            const int c = p * 32 * VEC + i;
+            if (c >= C) { continue; }
+            float t = 0.0f;
+            for (int ww = 0; ww < 8; ww++) { t += red[ww][i]; }
+            partial[(size_t)blockIdx.x * C + c] = t;
+        }
+    }
+}
+
+// The dw pointers of up to DW_SITES_MAX sites, passed by value (2 KB of kernel
+// parameters); more sites take more launches.
+#define DW_SITES_MAX 256
+struct DwSites { float *dw[DW_SITES_MAX]; };
+
+// For each site s < S (blockIdx.y): dw[s] (D) += the sum over the P partials of
+// site s's partial (P, D) at part + s * stride, in v2's order (lane y sums
+// partials y, y + 32, ... in order, then the 32 lane sums in lane order): the
+// same bits as v2's rmsnorm_dw_reduce_kernel, for all the sites in one launch.
+// Grid (ceil(D / 32), S), block (32, 32).
+__global__ void __launch_bounds__(1024)
+rmsnorm_dw_reduce_sites_kernel(DwSites sites, const float *part, size_t stride, int P, int D) {
+    __shared__ float s[32][33];
+    const float *partial = part + blockIdx.y * stride;
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    float t = 0.0f;
+    if (i < D) {
+        for (int p = threadIdx.y; p < P; p += 32) { t += partial[(size_t)p * D + i]; }
+    }
+    s[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < D) {
+        float sum = 0.0f;
+        for (int y = 0; y < 32; y++) { sum += s[y][threadIdx.x]; }
+        sites.dw[blockIdx.y][i] += sum;
+    }
+}
+
+// dw[s] (C) += the sum of site s's partials (the P = ceil(N / red_rows_per_part(N))
+// blocks of rmsnorm_backward_residual_v3_kernel over N rows) at part + s * stride,
+// for the S sites; one launch per DW_SITES_MAX sites.
+static void dw_reduce_sites(float *const *dw, const float *part, size_t stride, int S, size_t N, int C) {
+    const int P = (int)ceil_div(N, red_rows_per_part(N));
+    for (int s0 = 0; s0 < S; s0 += DW_SITES_MAX) {
+        const int n = S - s0 < DW_SITES_MAX ? S - s0 : DW_SITES_MAX;
+        DwSites t = {};
+        for (int s = 0; s < n; s++) { t.dw[s] = dw[s0 + s]; }
+        rmsnorm_dw_reduce_sites_kernel<<<dim3(ceil_div(C, 32), n), dim3(32, 32)>>>(t, part + s0 * stride, stride, P, C);
+        launchCheck();
+    }
+}
+
+// ============================================================================
 // The ops, per version
 // ============================================================================
 
@@ -352,7 +537,9 @@ struct BwdBufs {
     int C;
 };
 
-// v1: returns the buffer holding dL/dx_j (dslot); v2: dres
+// v1: returns the buffer holding dL/dx_j (dslot); v2, v3: dres. v3 writes the
+// site's dw partials into b.partial and leaves them there: its caller reduces
+// them (dw_reduce_sites, once for all the sites).
 static float *bwd_run(int ver, const BwdBufs &b) {
     const size_t n = b.N * b.C;
     const int R = red_rows_per_part(b.N), P = (int)ceil_div(b.N, R);
@@ -369,6 +556,20 @@ static float *bwd_run(int ver, const BwdBufs &b) {
         cast_v1_kernel<<<ceil_div(n, 256), 256>>>(b.dcopy, b.dslot, n);
         launchCheck();
         return b.dslot;
+    }
+    if (ver >= 3) {
+        row_dispatch(b.C, aligned16(b.dres) && aligned16(b.dcopy) && aligned16(b.du) && aligned16(b.x), [&](auto lanes) {
+            constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
+            if (ver == 3) {
+                rmsnorm_backward_residual_v3_kernel<VEC, NP><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x,
+                                                                         b.rstd, b.w, b.N, b.C, R, 1);
+            } else {
+                rmsnorm_backward_residual_v3_kernel<VEC, NP, false><<<P, 256>>>(b.dres, b.dcopy, b.partial, b.du, b.x,
+                                                                                b.rstd, b.w, b.N, b.C, R, 1);
+            }
+        });
+        launchCheck();
+        return b.dres;
     }
     row_dispatch(b.C, aligned16(b.dres) && aligned16(b.dcopy) && aligned16(b.du) && aligned16(b.x), [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NP = decltype(lanes)::np;
@@ -599,6 +800,7 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
         cudaCheck(cudaMemcpy(dres, dnext, n * 4, cudaMemcpyDeviceToDevice));   // v2 works in place
         cudaCheck(cudaMemset(dw, 0, C * 4));   // dw accumulates (the trainer zeroes the grads once a step)
         float *res = bwd_run(ver, b);
+        if (ver >= 3) { dw_reduce_sites(&dw, partial, 0, 1, N, C); }
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> o[3] = {fetch_bytes(res, n * 4), fetch_bytes(dcopy, n * 2), fetch_bytes(dw, C * 4)};
         if (repeat_done(rep, o, first, ok)) { break; }
@@ -606,6 +808,18 @@ static bool check_bwd_shape(int ver, size_t N, int C, uint64_t seed) {
         ok &= compare("dres", bytes_f32(o[0]), rdx, 1e-5, 1e-5);
         ok &= compare("dcopy", bytes_bf16_to_f(o[1]), rdx, 0x1p-8, 1e-5);
         ok &= compare("dw", bytes_f32(o[2]), rdw, 1e-4, 1e-4);
+        if (ver >= 3) {   // v2 on the same inputs: dres, dcopy and dw bit for bit
+            cudaCheck(cudaMemset(dcopy, 0xFF, n * 2));
+            cudaCheck(cudaMemset(partial, 0xFF, (size_t)RED_PARTS_MAX * C * 4));
+            cudaCheck(cudaMemcpy(dres, dnext, n * 4, cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemset(dw, 0, C * 4));
+            bwd_run(2, b);
+            cudaCheck(cudaDeviceSynchronize());
+            bool same = fetch_bytes(dres, n * 4) == o[0] && fetch_bytes(dcopy, n * 2) == o[1] &&
+                        fetch_bytes(dw, C * 4) == o[2];
+            ok &= same;
+            printf(" v2 %s", same ? "bit-identical" : "DIFFERENT (FAIL)");
+        }
         printf("\n");
     }
     cudaCheck(cudaFree(x)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(dcopy)); cudaCheck(cudaFree(du));
@@ -676,22 +890,40 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double copy_gbs
     } else {     // one du and one dres (the trainer's dln and running gradient), slot j per site
         float *du = dalloc<float>(n), *rstd = dalloc<float>((size_t)J * N), *dw = dalloc<float>(C);
         float *dres = dalloc<float>(n), *dsl = dalloc<float>((size_t)J * n);
-        float *partial = dalloc<float>((size_t)RED_PARTS_MAX * C);
+        // v3: each site's partials in a slice of their own, its dw its own (C), as in the trainer
+        const size_t slice = (size_t)RED_PARTS_MAX * C;
+        float *partial = dalloc<float>((ver >= 3 ? CALLS100 : 1) * slice);
+        float *dws = dalloc<float>((size_t)CALLS100 * C);
+        std::vector<float *> dw_site(CALLS100);
+        for (int j = 0; j < CALLS100; j++) { dw_site[j] = dws + (size_t)j * C; }
         floatX *dcopy = dalloc<floatX>(n);
         fill_normal(du, n, seed + 3, 0.0f, 1.0f);
         fill_normal(rstd, (size_t)J * N, seed + 5, 1.0f, 0.1f);
-        zero(dres, n * 4); zero(dsl, (size_t)J * n * 4); zero(dw, C * 4);
+        zero(dres, n * 4); zero(dsl, (size_t)J * n * 4); zero(dw, C * 4); zero(dws, (size_t)CALLS100 * C * 4);
         ms = time_median(reps, [&]() {
             for (int j = CALLS100 - 1; j >= 0; j--) {
                 BwdBufs b = {du, rstd + j * N, slots + j * n, w, dres, dsl + (j + 1) * n, dsl + j * n, dcopy, dw,
-                             partial, N, C};
+                             partial + (ver >= 3 ? j * slice : 0), N, C};
                 bwd_run(ver, b);
             }
+            if (ver >= 3) { dw_reduce_sites(dw_site.data(), partial, slice, CALLS100, N, C); }
         }, &mn);
-        snprintf(what, sizeof what, "bwd %d x (N=%zu C=%d)", CALLS100, N, C);
+        snprintf(what, sizeof what, "bwd %d x (N=%zu C=%d)%s", CALLS100, N, C, ver >= 3 ? " + 1 dw" : "");
         print_time("res", ver, what, ms, mn, CALLS100 * bwd_bytes(N, C), copy_gbs, ver == 1 ? PROF_BWD : 0);
+        if (ver >= 2) {   // the dw reductions alone (their partials as the run above left them)
+            const int R = red_rows_per_part(N), P = (int)ceil_div(N, R);
+            float rmn, rms = time_median(reps, [&]() {
+                if (ver >= 3) { dw_reduce_sites(dw_site.data(), partial, slice, CALLS100, N, C); return; }
+                for (int j = 0; j < CALLS100; j++) {
+                    rmsnorm_dw_reduce_kernel<<<ceil_div(C, 32), dim3(32, 32)>>>(dw, partial, P, C);
+                    launchCheck();
+                }
+            }, &rmn);
+            printf("       v%d dw reductions alone: %.3f ms (min %.3f), %d launch%s\n", ver, rms, rmn,
+                   ver >= 3 ? 1 : CALLS100, ver >= 3 ? "" : "es");
+        }
         cudaCheck(cudaFree(du)); cudaCheck(cudaFree(rstd)); cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dres));
-        cudaCheck(cudaFree(dsl)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dcopy));
+        cudaCheck(cudaFree(dsl)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dcopy)); cudaCheck(cudaFree(dws));
     }
     cudaCheck(cudaFree(slots)); cudaCheck(cudaFree(w));
 }
@@ -728,27 +960,28 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
-    if (ver < 0 || ver > 2 || reps < 1) {
-        fprintf(stderr, "usage: residual [--op fwd|bwd] [--version 1..2] [--check] [--bench] [--seed S] [--reps R];"
+    if (ver < 0 || ver > 4 || (ver >= 3 && op_fwd) || reps < 1) {
+        fprintf(stderr, "usage: residual [--op fwd|bwd] [--version 1..4 (3, 4: bwd only)] [--check] [--bench] [--seed S]"
+                        " [--reps R];"
                         "  residual --all;  residual --cpu-selftest;  residual --bytes\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 2;
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 4;   // fwd has versions 1..2, bwd 1..4
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v = v0; v <= v1; v++) {
-            if (op_fwd) { ok &= check_op(true, v, seed); }
+            if (op_fwd && v <= 2) { ok &= check_op(true, v, seed); }
             if (op_bwd) { ok &= check_op(false, v, seed); }
         }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
         for (int v = v0; v <= v1; v++) {
-            if (op_fwd) { bench_op(true, v, reps, seed, gbs); }
+            if (op_fwd && v <= 2) { bench_op(true, v, reps, seed, gbs); }
             if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
         }
     }

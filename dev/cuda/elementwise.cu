@@ -15,7 +15,7 @@ Run:
     ./elementwise --op OP --version N --bench   version N of OP timed at the trainer's shapes
     ./elementwise --all                     --check and --bench of every op and version
   OP: ce (cross-entropy), qk (QK-norm + RoPE), swiglu; without --op: every op.
-  Without --version: every version of the op. Neither --check nor --bench: both.
+  Without --version: every version of the op (ce 1-4, qk and swiglu 1-3). Neither --check nor --bench: both.
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the small shapes only: for compute-sanitizer)
 
@@ -44,6 +44,12 @@ Versions (NOTES_elementwise.md has the byte counts, floors and H200 figures):
       v3  forward and backward fused in one kernel (in train_mhar.cu since branch ew; needs
           dloss at forward time); the row is staged in shared memory so the
           logits are read from HBM once: saves the forward's 3.3 GB read.
+      v4  v3's arithmetic (the same bits) in a persistent grid, one block of 512
+          threads an SM with 2 row buffers in shared memory (201 KB at Vp = 50304):
+          the next row arrives by TMA bulk copies (sm_90) while the block reduces
+          the current one and writes its dlogits, so an SM's loads never wait for
+          its reductions and writes (v3: read phase, then write phase, a block per
+          row). --check also runs v3 and says whether the outputs are bit-identical.
   qk  v1  the trainer's kernels at 3dc0648: rmsnorm_forward_kernel, then
           rope_forward_kernel in place; backward zero + rope_backward_kernel into
           an fp32 scratch, zero + rmsnorm_backward_kernel, rmsnorm_dw_partial_kernel,
@@ -78,8 +84,9 @@ metric of test_mhar and README_cuda; PASS needs, for every element,
     fp32, then one log); rstd rtol 1e-5; dw rtol 1e-4, atol 1e-4 (fp32 sums
     over up to 2.6e5 rows of terms of both signs).
 
-STATUS: run on an H200 (2026-11-29): --check PASS for every op and version,
-repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
+STATUS: ce v4 (2026-12-02) is written and compiled (nvcc 13.0, sm_90a) but not yet
+run on a GPU. The rest: run on an H200 (2026-11-29): --check PASS for every op and
+version, repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
 (NOTES_elementwise.md). compute-sanitizer has not been run on this file yet.
 Before that it was written and compiled on a machine without a GPU (nvcc 13.0, no
 warnings), where --cpu-selftest and --bytes ran.
@@ -230,7 +237,7 @@ __global__ void ce_backward_v2_kernel(floatX *dlogits, const floatX *logits, con
     }
 }
 
-// ---- v3 (H200: 2.03 ms per step; now train_mhar.cu's crossentropy_fused_kernel):
+// ---- v3 (H200: 2.03 ms per step; the trainer's crossentropy_fused_kernel until v4):
 // forward and backward in one kernel.
 // The trainer knows dloss (1/(B*T*accumulation steps)) before the forward, and
 // the training forward's logits are only ever read again by the backward. So
@@ -328,6 +335,136 @@ ce_fused_v3_kernel(floatX *dlogits, float *losses, float *lse, const floatX *log
     }
 }
 
+// ---- v4: v3's arithmetic in a persistent grid that keeps HBM busy between rows.
+// v3 alternates, in every block, a read phase (its loads) and a reduce + write
+// phase (no loads), with a block launch and barriers between rows; 2 blocks an
+// SM overlap only where they happen to be out of phase. v4 runs one block of
+// CE4_THREADS an SM (the grid: as many blocks as fit at once, at most N), each
+// over the rows n = blockIdx.x + j gridDim.x, j = 0, 1, ..., with nbuf (2 where
+// they fit) row buffers in shared memory: row j sits in buffer j % nbuf. Thread 0
+// fetches a row with TMA 1D bulk copies (cp.async.bulk, sm_90) that complete on
+// the buffer's mbarrier, so while the block reduces row j and writes its dlogits,
+// row j + 1 is already on its way; row j + nbuf is fetched into buffer j % nbuf
+// once every thread is done with row j. Per row: wait for its buffer, pass 1
+// (v3's online max/sum, from shared memory), block_max/block_sum, losses and lse,
+// pass 2 (v3's dlogits, written to global memory).
+// Same results as v3, bit for bit: CE4_THREADS = CE3_THREADS, and thread t takes
+// the packs t, t + 512, ... of a row in the same order with the same functions in
+// both passes, and the block merge is the same.
+// In place is safe: a row is fetched once, by its own block, and its dlogits are
+// written only after the fetch completed (the mbarrier wait); the fetches in
+// flight are of later rows, which no block writes before it has fetched them.
+// Needs sm_90 (TMA, mbarrier transaction counts); the row's first nreal packs
+// are fetched (nreal x 16 bytes, a multiple of 16 as cp.async.bulk needs, from a
+// row start 256-byte aligned since Vp is a multiple of 128).
+#define CE4_THREADS CE3_THREADS
+#define CE4_NBUF_MAX 2
+#define CE4_CHUNK 16384u   // bytes per bulk copy: a row of 100 KB goes as 7 copies on one mbarrier
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// thread 0: the mbarriers bar[0..nb) with an arrival count of 1, visible to the async proxy (TMA)
+__device__ __forceinline__ void ce4_init(uint64_t *bar, int nb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int b = 0; b < nb; b++) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[b])) : "memory"); }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// thread 0: arm the mbarrier bar for `bytes`, then copy bytes from global src to shared dst by
+// TMA bulk copies that complete on bar
+__device__ __forceinline__ void ce4_fetch(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // order the block's generic-proxy reads of dst (a previous row) before the async-proxy writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const unsigned b = smem_u32(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    for (unsigned off = 0; off < bytes; off += CE4_CHUNK) {
+        const unsigned c = bytes - off < CE4_CHUNK ? bytes - off : CE4_CHUNK;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32((char *)dst + off)), "l"((const char *)src + off), "r"(c), "r"(b)
+                     : "memory");
+    }
+#endif
+}
+
+// every thread: wait until the mbarrier bar completes the phase of this parity; a wait past
+// 2^34 clocks (~10 s) is a pipeline bug: trap, so the launch fails instead of hanging
+__device__ __forceinline__ void ce4_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    long long t0 = 0;
+    for (int spin = 0;; spin++) {
+        unsigned done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+        if (done) { return; }
+        if (spin == 0) { t0 = clock64(); }
+        else if (clock64() - t0 > (1ll << 34)) { __trap(); }
+    }
+#endif
+}
+
+__global__ void __launch_bounds__(CE4_THREADS, 1)
+ce_fused_v4_kernel(floatX *dlogits, float *losses, float *lse, const floatX *logits, const int *targets, float dloss,
+                   size_t N, int V, int Vp, int nbuf) {
+    extern __shared__ Pack ce4_buf[];              // nbuf buffers of Vp / PACK packs; the first nreal used
+    __shared__ uint64_t ce4_bar[CE4_NBUF_MAX];     // buffer b's mbarrier: completes when its row has arrived
+    const float LN2 = 0.6931471805599453f;
+    const int full = V / PACK, nreal = (V + PACK - 1) / PACK, npk = Vp / PACK;
+    const unsigned bytes = (unsigned)nreal * 16u;
+    const size_t G = gridDim.x;
+    if (threadIdx.x == 0) {
+        ce4_init(ce4_bar, nbuf);
+        for (int j = 0; j < nbuf && blockIdx.x + j * G < N; j++) {
+            ce4_fetch(ce4_buf + (size_t)j * npk, logits + (blockIdx.x + j * G) * Vp, bytes, &ce4_bar[j]);
+        }
+    }
+    __syncthreads();   // the mbarriers initialised before anyone waits on them
+    size_t j = 0;
+    for (size_t n = blockIdx.x; n < N; n += G, j++) {
+        const int b = (int)(j % nbuf);
+        const Pack *row = ce4_buf + (size_t)b * npk;
+        Pack *drow = (Pack *)(dlogits + n * Vp);
+        const int target = targets[n], tk = target / PACK, te = target % PACK;   // loaded while pass 1 runs
+        ce4_wait(&ce4_bar[b], (unsigned)(j / nbuf) & 1u);   // the buffer's (j / nbuf)-th fetch has landed
+        // pass 1 (v3's): online softmax in base 2 over the packs t, t + blockDim.x, ...
+        float m = -INFINITY, s = 0.0f;
+        #pragma unroll 4
+        for (int k = threadIdx.x; k < nreal; k += blockDim.x) {
+            const Pack x = row[k];
+            if (k < full) { ce3_update<true>(x, PACK, m, s); }
+            else { ce3_update<false>(x, V - k * PACK, m, s); }
+        }
+        const float M = block_max(m);
+        const float ML = M * CE3_LOG2E;
+        const float S = block_sum(m == -INFINITY ? 0.0f : s * exp2f(m * CE3_LOG2E - ML));
+        const float l2 = ML + log2f(S);   // lse in base 2
+        if (threadIdx.x == 0) {
+            lse[n] = l2 * LN2;
+            losses[n] = l2 * LN2 - toF(row[tk].v[te]);
+        }
+        // pass 2 (v3's): from shared memory, a pack in one 16-byte load (v3's code loads it value by
+        // value); the padding packs are written without being read
+        for (int k = threadIdx.x; k < npk; k += blockDim.x) {
+            Pack d, x;
+            if (k < nreal) { *(uint4 *)&x = *(const uint4 *)&row[k]; }
+            if (k < full) {
+                d = ce3_grad<true>(x, PACK, k == tk ? te : -1, l2, dloss);
+            } else if (k < nreal) {
+                d = ce3_grad<false>(x, V - k * PACK, k == tk ? te : -1, l2, dloss);
+            } else {
+                #pragma unroll
+                for (int e = 0; e < PACK; e++) { d.v[e] = fromF<floatX>(0.0f); }
+            }
+            drow[k] = d;
+        }
+        __syncthreads();   // every thread is done with buffer b
+        if (threadIdx.x == 0 && n + nbuf * G < N) {
+            ce4_fetch(ce4_buf + (size_t)b * npk, logits + (n + nbuf * G) * Vp, bytes, &ce4_bar[b]);
+        }
+    }
+}
+
 struct CeBufs {
     floatX *logits;        // (N, Vp); the backward overwrites it with dlogits
     const int *targets;    // (N)
@@ -337,6 +474,22 @@ struct CeBufs {
     float dloss;
 };
 
+// v4's row buffers at this Vp: 2 where they fit in shared memory next to the static
+// 272 bytes (block_max/block_sum's, the mbarriers), else 1, else 0 (unsupported);
+// 0 also on a device below sm_90 (no TMA)
+static int ce4_nbuf(int Vp) {
+    int maxsm = 0, major = 0;
+    cudaCheck(cudaDeviceGetAttribute(&maxsm, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    if (major < 9) { return 0; }
+    for (int nb = CE4_NBUF_MAX; nb >= 1; nb--) {
+        if ((size_t)nb * Vp * sizeof(floatX) + 1024 <= (size_t)maxsm) { return nb; }
+    }
+    return 0;
+}
+
+static int ce4_nbuf_force = 0;   // the check's run of v4 with 1 buffer (the fp32 trainer's case at Vp = 50304)
+
 static bool ce_supported(int ver, int V, int Vp) {
     if (Vp % 128 != 0 || V > Vp) { return false; }
     if (ver == 3) {   // the row in shared memory, next to block_max/block_sum's 256 bytes
@@ -344,16 +497,17 @@ static bool ce_supported(int ver, int V, int Vp) {
         cudaCheck(cudaDeviceGetAttribute(&maxsm, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
         return (size_t)Vp * sizeof(floatX) + 1024 <= (size_t)maxsm;
     }
+    if (ver == 4) { return ce4_nbuf(Vp) > 0; }
     return ver >= 1 && ver <= 2;
 }
 
-// v3 does the forward and the backward here
+// v3 and v4 do the forward and the backward here
 static void ce_forward(int ver, const CeBufs &b) {
     if (ver == 1) {
         ce_forward_v1_kernel<<<(unsigned)b.N, CE_THREADS>>>(b.losses, b.lse, b.logits, b.targets, b.V, b.Vp);
     } else if (ver == 2) {
         ce_forward_v2_kernel<<<(unsigned)b.N, CE_THREADS>>>(b.losses, b.lse, b.logits, b.targets, b.V, b.Vp);
-    } else {
+    } else if (ver == 3) {
         static size_t smem_set = 0;   // raise the limit once per size, not inside a timed call
         size_t smem = (size_t)b.Vp * sizeof(floatX);
         if (smem > smem_set) {
@@ -362,11 +516,31 @@ static void ce_forward(int ver, const CeBufs &b) {
         }
         ce_fused_v3_kernel<<<(unsigned)b.N, CE3_THREADS, smem>>>(b.logits, b.losses, b.lse, b.logits, b.targets,
                                                                  b.dloss, b.V, b.Vp);
+    } else {
+        // the grid: as many blocks as are resident at once (1 an SM at the 100m shape), at most N;
+        // set up once per Vp, not inside a timed call
+        static int vp_set = 0, nbuf_set = -1, nbuf = 0;
+        static unsigned grid_max = 0;
+        if (b.Vp != vp_set || ce4_nbuf_force != nbuf_set) {
+            nbuf = ce4_nbuf_force ? ce4_nbuf_force : ce4_nbuf(b.Vp);
+            nbuf_set = ce4_nbuf_force;
+            const size_t smem = (size_t)nbuf * b.Vp * sizeof(floatX);
+            cudaCheck(cudaFuncSetAttribute(ce_fused_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            int sms = 0, per_sm = 0;
+            cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ce_fused_v4_kernel, CE4_THREADS, smem));
+            grid_max = (unsigned)(sms * (per_sm > 0 ? per_sm : 1));
+            vp_set = b.Vp;
+        }
+        const size_t smem = (size_t)nbuf * b.Vp * sizeof(floatX);
+        const unsigned grid = b.N < grid_max ? (unsigned)b.N : grid_max;
+        ce_fused_v4_kernel<<<grid, CE4_THREADS, smem>>>(b.logits, b.losses, b.lse, b.logits, b.targets, b.dloss, b.N,
+                                                        b.V, b.Vp, nbuf);
     }
     launchCheck();
 }
 
-// in place: dlogits over the logits; v3: nothing left to do
+// in place: dlogits over the logits; v3, v4: nothing left to do
 static void ce_backward(int ver, const CeBufs &b) {
     if (ver == 1) {
         ce_backward_v1_kernel<<<ceil_div(b.N * b.Vp, 256), 256>>>(b.logits, b.logits, b.lse, b.targets, b.dloss, b.N,
@@ -1115,7 +1289,7 @@ static int cpu_selftest(uint64_t seed) {
 // L2-resident) and the dw partials (<= 1 MB) left out.
 //   ce      fwd   N (2V + 12)        logits' V real columns read, targets, losses, lse
 //           bwd   N (2V + 2Vp + 8)   the row read, dlogits written (all Vp), lse, targets
-//           v3    N (2V + 2Vp + 12)  fused: the row read once, dlogits, targets, losses, lse
+//           v3/v4 N (2V + 2Vp + 12)  fused: the row read once, dlogits, targets, losses, lse
 //   qk      fwd   rows (4 HD + 4)    inp read, out written (bf16), rstd
 //           bwd   rows (8 HD + 4)    dout (fp32) and inp read, rstd, dinp written
 //   swiglu  fwd   6 n                g, u read, out written
@@ -1160,7 +1334,7 @@ static void print_bytes(void) {
             {"ce fwd (1 call)", ce_bytes_fwd(N, m->V)},
             {"ce bwd (1 call)", ce_bytes_bwd(N, m->V, m->Vp)},
             {"ce fwd + bwd, v1/v2", ce_bytes_fwd(N, m->V) + ce_bytes_bwd(N, m->V, m->Vp)},
-            {"ce fused, v3", ce_bytes_fused(N, m->V, m->Vp)},
+            {"ce fused, v3/v4", ce_bytes_fused(N, m->V, m->Vp)},
             {"qk fwd, v2/v3 (min)", qk_bytes_fwd(rows_step, m->HD)},
             {"qk fwd, v1 moves", qk_moved_fwd(1, rows_step, m->HD)},
             {"qk bwd, v3 (min)", qk_bytes_bwd(rows_step, m->HD)},
@@ -1208,18 +1382,25 @@ static bool check_ce_shape(int ver, size_t N, int V, int Vp, size_t stride, uint
         ref_ce_row(x.data(), V, Vp, tg[rows[k]], dloss, &rloss[k], &rlse[k], &rdl[k * Vp]);
     }
     bool ok = true;
-    std::vector<unsigned char> first[3];
-    for (int rep = 0; rep < 2; rep++) {
+    // one run of version v: losses, lse and the checked rows of dlogits (concatenated), as bytes
+    auto run = [&](int v, std::vector<unsigned char> (&out)[3]) {
         cudaCheck(cudaMemcpy(logits, pristine, N * Vp * sizeof(floatX), cudaMemcpyDeviceToDevice));
         cudaCheck(cudaMemset(losses, 0xFF, N * 4)); cudaCheck(cudaMemset(lse, 0xFF, N * 4));   // NaN
-        ce_forward(ver, b);
-        ce_backward(ver, b);
+        ce_forward(v, b);
+        ce_backward(v, b);
         cudaCheck(cudaDeviceSynchronize());
-        std::vector<unsigned char> out[3] = {fetch_bytes(losses, N * 4), fetch_bytes(lse, N * 4), {}};
-        for (size_t r : rows) {   // the checked rows of dlogits, concatenated
-            std::vector<unsigned char> d = fetch_bytes(logits + r * Vp, (size_t)Vp * 2);
+        out[0] = fetch_bytes(losses, N * 4);
+        out[1] = fetch_bytes(lse, N * 4);
+        out[2].clear();
+        for (size_t r : rows) {
+            std::vector<unsigned char> d = fetch_bytes(logits + r * Vp, (size_t)Vp * sizeof(floatX));
             out[2].insert(out[2].end(), d.begin(), d.end());
         }
+    };
+    std::vector<unsigned char> first[3];
+    for (int rep = 0; rep < 2; rep++) {
+        std::vector<unsigned char> out[3];
+        run(ver, out);
         if (repeat_done(rep, out, first, ok)) { break; }
         std::vector<float> fl = bytes_f32(out[0]), fe = bytes_f32(out[1]), gl(rows.size()), ge(rows.size());
         for (size_t k = 0; k < rows.size(); k++) { gl[k] = fl[rows[k]]; ge[k] = fe[rows[k]]; }
@@ -1235,6 +1416,12 @@ static bool check_ce_shape(int ver, size_t N, int V, int Vp, size_t stride, uint
         printf(" padding %s\n", pad_bad ? "NONZERO (FAIL)" : "0");
         ok &= pad_bad == 0;
     }
+    if (ver == 4 && ce_supported(3, V, Vp)) {   // v4 is v3's arithmetic: the same bits, or a note why not
+        std::vector<unsigned char> v3out[3];
+        run(3, v3out);
+        const bool same = v3out[0] == first[0] && v3out[1] == first[1] && v3out[2] == first[2];
+        printf("  ce v4 vs v3: losses, lse, dlogits %s\n", same ? "bit-identical" : "DIFFER (within the tolerances above)");
+    }
     cudaCheck(cudaFree(logits)); cudaCheck(cudaFree(pristine)); cudaCheck(cudaFree(targets));
     cudaCheck(cudaFree(losses)); cudaCheck(cudaFree(lse));
     return ok;
@@ -1248,6 +1435,13 @@ static bool check_ce(int ver, uint64_t seed) {
     ok &= check_ce_shape(ver, 37, 77, 128, 1, seed + 2);
     ok &= check_ce_shape(ver, 130, 1000, 1024, 1, seed + 3);
     ok &= check_ce_shape(ver, 5, 5, 128, 1, seed + 4);
+    ok &= check_ce_shape(ver, 3001, 1000, 1024, 7, seed + 6);   // N > the grid: v4's blocks take several rows
+    if (ver == 4) {   // and with one buffer: fetch, compute, fetch
+        ce4_nbuf_force = 1;
+        printf("  (ce v4 with 1 row buffer)\n");
+        ok &= check_ce_shape(ver, 3001, 1000, 1024, 7, seed + 6);
+        ce4_nbuf_force = 0;
+    }
     if (!quick) { ok &= check_ce_shape(ver, 32768, 50257, 50304, 61, seed + 5); }   // 100m shape, 539 rows checked
     printf("ce v%d check: %s\n", ver, ok ? "PASS" : "FAIL");
     return ok;
@@ -1388,7 +1582,7 @@ static void print_time(const char *op, int ver, const char *what, float ms, floa
 // The H200 per-op profile of the trainer (session 2, 100m, B=16, T=2048; ms per
 // step; bench_gpu_h200_2026-11-29.txt (a raw log of that session, removed from the tree; in git history) for v2/v3; the v1 figures
 // from the profile before df51936 / 5f86eff). 0: not measured.
-static const double PROF_CE[4][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}};
+static const double PROF_CE[5][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}, {0, 0}};
 static const double PROF_QK[4][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}};
 static const double PROF_SW[4][2] = {{0, 0}, {2.68, 3.16}, {3.05, 5.96}, {0.90, 1.69}};
 
@@ -1421,8 +1615,8 @@ static void bench_ce(int ver, int reps, uint64_t seed, double copy_gbs) {
     } else {
         float f = time_median(reps, [&]() { ce_forward(ver, b); }, restore, &mn);
         snprintf(what, sizeof what, "fused fwd + bwd N=%zu V=%d Vp=%d", N, V, Vp);
-        print_time("ce", ver, what, f, mn, ce_bytes_fused(N, V, Vp), copy_gbs, 0);
-        printf("  ce     v3 compare with v2's fwd + bwd (trainer profile: %.2f ms)\n", PROF_CE[2][0] + PROF_CE[2][1]);
+        print_time("ce", ver, what, f, mn, ce_bytes_fused(N, V, Vp), copy_gbs, PROF_CE[ver][0]);
+        printf("  ce     v%d compare with v2's fwd + bwd (trainer profile: %.2f ms)\n", ver, PROF_CE[2][0] + PROF_CE[2][1]);
     }
     cudaCheck(cudaFree(logits)); cudaCheck(cudaFree(pristine)); cudaCheck(cudaFree(targets));
     cudaCheck(cudaFree(losses)); cudaCheck(cudaFree(lse));
@@ -1523,6 +1717,11 @@ static void bench_sw(int ver, int reps, uint64_t seed, double copy_gbs) {
 
 // ============================================================================
 
+// the versions of each op: 1..VMAX
+#define CE_VMAX 4
+#define QK_VMAX 3
+#define SW_VMAX 3
+
 int main(int argc, char **argv) {
     int ver = 0, reps = 20;
     bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
@@ -1554,30 +1753,30 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
-    if (ver < 0 || ver > 3 || reps < 1) {
-        fprintf(stderr, "usage: elementwise [--op ce|qk|swiglu] [--version 1..3] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver > 4 || reps < 1) {
+        fprintf(stderr, "usage: elementwise [--op ce|qk|swiglu] [--version 1..4] [--check] [--bench] [--seed S]"
                         " [--reps R];  elementwise --all;  elementwise --cpu-selftest;  elementwise --bytes\n");
         return 1;
     }
     if (do_all || (!op_ce && !op_qk && !op_sw)) { op_ce = op_qk = op_sw = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 4;
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v = v0; v <= v1; v++) {
-            if (op_ce) { ok &= check_ce(v, seed); }
-            if (op_qk) { ok &= check_qk(v, seed); }
-            if (op_sw) { ok &= check_sw(v, seed); }
+            if (op_ce && v <= CE_VMAX) { ok &= check_ce(v, seed); }
+            if (op_qk && v <= QK_VMAX) { ok &= check_qk(v, seed); }
+            if (op_sw && v <= SW_VMAX) { ok &= check_sw(v, seed); }
         }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
         for (int v = v0; v <= v1; v++) {
-            if (op_ce) { bench_ce(v, reps, seed, gbs); }
-            if (op_qk) { bench_qk(v, M100, reps, seed, gbs); bench_qk(v, M1B, reps, seed, gbs); }
-            if (op_sw) { bench_sw(v, reps, seed, gbs); }
+            if (op_ce && v <= CE_VMAX) { bench_ce(v, reps, seed, gbs); }
+            if (op_qk && v <= QK_VMAX) { bench_qk(v, M100, reps, seed, gbs); bench_qk(v, M1B, reps, seed, gbs); }
+            if (op_sw && v <= SW_VMAX) { bench_sw(v, reps, seed, gbs); }
         }
     }
     if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }

@@ -15,7 +15,7 @@ Run:
     ./elementwise --op OP --version N --bench   version N of OP timed at the trainer's shapes
     ./elementwise --all                     --check and --bench of every op and version
   OP: ce (cross-entropy), qk (QK-norm + RoPE), swiglu; without --op: every op.
-  Without --version: every version of the op (ce 1-4, qk and swiglu 1-3). Neither --check nor --bench: both.
+  Without --version: every version of the op (ce and qk 1-4, swiglu 1-3). Neither --check nor --bench: both.
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the small shapes only: for compute-sanitizer)
 
@@ -61,6 +61,10 @@ Versions (NOTES_elementwise.md has the byte counts, floors and H200 figures):
           backward writes dinp (v1, v2 add into a zeroed buffer): no memset, no
           read of dinp; its dw partials are summed by a warp per channel.
           Needs HD in {16, 32, 64, 128, 256}.
+      v4  forward: v3's arithmetic (the same bits), a lane takes a pack of 2 rows and
+          issues every load (data, w, angles) before using any, at 4 blocks an SM;
+          a lane loads half of its angles' values and swaps with its partner.
+          Backward: v3's. The bench adds a line at 4 rows a lane.
   swiglu  v1  one element per thread (the trainer before 74133cf).
           v2  8 consecutive elements per thread, scalar loop (74133cf): measured
               SLOWER on the H200 (bwd 5.96 vs 3.16 ms per step), kept as a negative result.
@@ -84,8 +88,8 @@ metric of test_mhar and README_cuda; PASS needs, for every element,
     fp32, then one log); rstd rtol 1e-5; dw rtol 1e-4, atol 1e-4 (fp32 sums
     over up to 2.6e5 rows of terms of both signs).
 
-STATUS: ce v4 (2026-12-02) is written and compiled (nvcc 13.0, sm_90a) but not yet
-run on a GPU. The rest: run on an H200 (2026-11-29): --check PASS for every op and
+STATUS: ce v4 and qk v4 (2026-12-02) are written and compiled (nvcc 13.0, sm_90a)
+but not yet run on a GPU. The rest: run on an H200 (2026-11-29): --check PASS for every op and
 version, repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
 (NOTES_elementwise.md). compute-sanitizer has not been run on this file yet.
 Before that it was written and compiled on a machine without a GPU (nvcc 13.0, no
@@ -741,6 +745,85 @@ qk_forward_v3_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *
     if (p == 0) { rstd[n] = s; }
 }
 
+// ---- v4 forward (the backward is v3's): v3's arithmetic, RPL rows a lane, every load first.
+// Why v3's forward runs at 1.57x its floor (1.46x at the 1b shapes, where the calls are twice
+// as long, so not only launch gaps): a lane has one 16-byte load of HBM in flight, and at 39
+// registers 1536 threads an SM, 24 KB an SM, under what Little's law asks (~30 GB/s an SM x
+// ~1 us); then the cos/sin loads (64 bytes a lane, from L2) issue only after the data came
+// back and the two shuffle rounds: a second round trip in series, with no HBM load in flight.
+// SwiGLU v3, two independent 16-byte loads a thread and nothing dependent, runs at the copy
+// rate. v4: a lane takes RPL rows (the rows base + r RPW + lane / G, r < RPL: each warp
+// instruction still covers RPW consecutive rows), issues the RPL data loads, w and the RPL
+// cos/sin loads before it uses any of them. __launch_bounds__ keeps 4 blocks an SM at RPL = 2
+// (64 registers: 1024 threads x 32 bytes = 32 KB of HBM in flight), 3 at RPL = 4 (85: 768 x 64
+// bytes = 48 KB), and the table loads' latency hides under the data's. To fit that in 64 registers, a lane loads half of its
+// angles' table values (32 bytes a row, not 64) and gets the other half from its partner.
+// Per row the arithmetic is v3's, on the same values: the same bits.
+template <int HD, int RPL>
+__global__ void __launch_bounds__(256, RPL <= 2 ? 4 : 3)
+qk_forward_v4_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, const float *cosv,
+                     const float *sinv, size_t rows, int T, int nh) {
+    constexpr int G = HD / PACK, RPW = 32 / G, HALF = HD / 2;
+    static_assert(HD % (2 * PACK) == 0 && 32 % G == 0, "HD must be 16, 32, 64, 128 or 256");
+    const int lane = threadIdx.x % 32, p = lane % G;
+    const size_t base = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * RPW * RPL + lane / G;
+    const int j0 = (p * PACK) % HALF;
+    const bool first = p < G / 2;   // out1 = y1 c - y2 sn (first half), out2 = y2 c + y1 sn
+    // a lane and its partner (lane ^ G/2) need the same PACK angles: the first-half lane loads
+    // their cosines, the second-half lane their sines, and they swap by shuffles (8 registers
+    // a row in flight instead of 16)
+    const float *tab = first ? cosv : sinv;
+    Pack xp[RPL];
+    float4 a0[RPL], a1[RPL];
+    #pragma unroll
+    for (int r = 0; r < RPL; r++) {   // every load first: RPL x (16 bytes of HBM, 32 of table)
+        const size_t n = base + (size_t)r * RPW;
+        if (n < rows) {
+            xp[r] = reinterpret_cast<const Pack *>(inp + n * HD)[p];
+            const float4 *ap = reinterpret_cast<const float4 *>(tab + (size_t)((n / nh) % T) * HALF + j0);
+            a0[r] = ap[0]; a1[r] = ap[1];
+        } else {
+            a0[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); a1[r] = a0[r];
+        }
+    }
+    const Pack wp = reinterpret_cast<const Pack *>(w)[p];
+    float wv[PACK];
+    #pragma unroll
+    for (int e = 0; e < PACK; e++) { wv[e] = toF(wp.v[e]); }
+    #pragma unroll
+    for (int r = 0; r < RPL; r++) {
+        const size_t n = base + (size_t)r * RPW;
+        const bool valid = n < rows;   // every lane takes part in the shuffles
+        float x[PACK], ss = 0.0f;
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { x[e] = valid ? toF(xp[r].v[e]) : 0.0f; }
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { ss += x[e] * x[e]; }
+        #pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) { ss += __shfl_xor_sync(0xffffffffu, ss, o); }
+        const float s = 1.0f / sqrtf(ss / HD + 1e-6f);
+        float y[PACK], yo[PACK];
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { y[e] = x[e] * s * wv[e]; }                               // the norm
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { yo[e] = __shfl_xor_sync(0xffffffffu, y[e], G / 2); }   // the partner's
+        const float mine[PACK] = {a0[r].x, a0[r].y, a0[r].z, a0[r].w, a1[r].x, a1[r].y, a1[r].z, a1[r].w};
+        float theirs[PACK];
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { theirs[e] = __shfl_xor_sync(0xffffffffu, mine[e], G / 2); }
+        if (valid) {
+            Pack op;
+            #pragma unroll
+            for (int e = 0; e < PACK; e++) {
+                const float c = first ? mine[e] : theirs[e], sn = first ? theirs[e] : mine[e];
+                op.v[e] = fromF<floatX>(first ? y[e] * c - yo[e] * sn : y[e] * c + yo[e] * sn);
+            }
+            reinterpret_cast<Pack *>(out + n * HD)[p] = op;
+            if (p == 0) { rstd[n] = s; }
+        }
+    }
+}
+
 // Block b handles the rows of partition b (rows_per_part of them): each warp
 // takes RPW rows a step. partial[b] (HD) = the partition's share of dw.
 template <int HD>
@@ -849,7 +932,7 @@ struct QkBufs {
 
 static bool qk_supported(int ver, int HD) {
     if (HD % 2 != 0 || HD > 256) { return false; }
-    if (ver == 3) { return HD == 16 || HD == 32 || HD == 64 || HD == 128 || HD == 256; }
+    if (ver == 3 || ver == 4) { return HD == 16 || HD == 32 || HD == 64 || HD == 128 || HD == 256; }
     return ver >= 1 && ver <= 2;
 }
 
@@ -857,6 +940,17 @@ template <int HD> static void qk_forward_v3(const QkBufs &b) {
     constexpr int RPW = 32 / (HD / PACK);
     qk_forward_v3_kernel<HD><<<ceil_div(b.rows(), 8 * RPW), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv, b.sinv,
                                                                    b.rows(), b.T, b.nh);
+}
+static int qk4_rpl = 2;   // v4's rows a lane: 2, or 4 (the bench's second v4 line, the check's comparison)
+template <int HD> static void qk_forward_v4(const QkBufs &b) {
+    constexpr int RPW = 32 / (HD / PACK);
+    if (qk4_rpl == 4) {
+        qk_forward_v4_kernel<HD, 4><<<ceil_div(b.rows(), 8 * RPW * 4), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv,
+                                                                             b.sinv, b.rows(), b.T, b.nh);
+    } else {
+        qk_forward_v4_kernel<HD, 2><<<ceil_div(b.rows(), 8 * RPW * 2), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv,
+                                                                             b.sinv, b.rows(), b.T, b.nh);
+    }
 }
 template <int HD> static void qk_backward_v3(const QkBufs &b, int R, int P) {
     qk_backward_v3_kernel<HD><<<P, 256>>>(b.dinp, b.partial, b.dout, b.inp, b.rstd, b.w, b.cosv, b.sinv, b.rows(),
@@ -874,7 +968,7 @@ static void qk_forward(int ver, const QkBufs &b) {
     } else if (ver == 2) {
         qknorm_rope_forward_v2_kernel<<<ceil_div(rows, 8), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv, b.sinv, rows,
                                                                   b.T, b.nh, HD);
-    } else {
+    } else if (ver == 3) {
         switch (HD) {
             case 16: qk_forward_v3<16>(b); break;
             case 32: qk_forward_v3<32>(b); break;
@@ -882,12 +976,20 @@ static void qk_forward(int ver, const QkBufs &b) {
             case 128: qk_forward_v3<128>(b); break;
             default: qk_forward_v3<256>(b); break;
         }
+    } else {
+        switch (HD) {
+            case 16: qk_forward_v4<16>(b); break;
+            case 32: qk_forward_v4<32>(b); break;
+            case 64: qk_forward_v4<64>(b); break;
+            case 128: qk_forward_v4<128>(b); break;
+            default: qk_forward_v4<256>(b); break;
+        }
     }
     launchCheck();
 }
 
 // dinp = gradient of inp (v1, v2: zeroed, then added into, as the trainer does);
-// dw += gradient of w
+// dw += gradient of w. v4's backward is v3's.
 static void qk_backward(int ver, const QkBufs &b) {
     const size_t rows = b.rows();
     const int HD = b.HD;
@@ -918,7 +1020,7 @@ static void qk_backward(int ver, const QkBufs &b) {
         }
     }
     launchCheck();
-    if (ver == 3) {
+    if (ver >= 3) {
         reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(b.dw, b.partial, P, HD);
     } else {
         reduce_partials_kernel<<<ceil_div(HD, 256), 256>>>(b.dw, b.partial, P, HD);
@@ -1494,6 +1596,18 @@ static bool check_qk_shape(int ver, int B, int T, int nh, int HD, uint64_t seed)
         ok &= compare("dw", bytes_f32(out[3]), rdw, 1e-4, 1e-4);
         printf("\n");
     }
+    if (ver == 4) {   // v4's forward is v3's arithmetic: the same out and rstd, at 2 and 4 rows a lane
+        const char *what[2] = {"v3", "v4 with 4 rows a lane"};
+        for (int k = 0; k < 2; k++) {
+            cudaCheck(cudaMemset(b.out, 0xFF, nel * 2)); cudaCheck(cudaMemset(b.rstd, 0xFF, rows * 4));
+            qk4_rpl = 4;
+            qk_forward(k == 0 ? 3 : 4, b);
+            qk4_rpl = 2;
+            cudaCheck(cudaDeviceSynchronize());
+            const bool same = fetch_bytes(b.out, nel * 2) == first[0] && fetch_bytes(b.rstd, rows * 4) == first[1];
+            printf("  qk v4 vs %s: out, rstd %s\n", what[k], same ? "bit-identical" : "DIFFER (within the tolerances above)");
+        }
+    }
     cudaCheck(cudaFree(inp)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(cosv)); cudaCheck(cudaFree(sinv));
     cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(b.out)); cudaCheck(cudaFree(b.rstd)); cudaCheck(cudaFree(b.dinp));
     cudaCheck(cudaFree(b.dw)); cudaCheck(cudaFree(b.partial)); cudaCheck(cudaFree(b.scratch));
@@ -1583,7 +1697,7 @@ static void print_time(const char *op, int ver, const char *what, float ms, floa
 // step; bench_gpu_h200_2026-11-29.txt (a raw log of that session, removed from the tree; in git history) for v2/v3; the v1 figures
 // from the profile before df51936 / 5f86eff). 0: not measured.
 static const double PROF_CE[5][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}, {0, 0}};
-static const double PROF_QK[4][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}};
+static const double PROF_QK[5][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}, {0, 0}};
 static const double PROF_SW[4][2] = {{0, 0}, {2.68, 3.16}, {3.05, 5.96}, {0.90, 1.69}};
 
 static void bench_ce(int ver, int reps, uint64_t seed, double copy_gbs) {
@@ -1662,6 +1776,13 @@ static void bench_qk(int ver, const Model &m, int reps, uint64_t seed, double co
         char what[96];
         snprintf(what, sizeof what, "%s fwd %d x (B=%d T=%d nh=%d HD=%d)", m.name, L, m.B, m.T, nh, HD);
         print_time("qk", ver, what, tf[qk], mn, bf[qk], copy_gbs, 0);
+        if (ver == 4) {   // the same with 4 rows a lane
+            qk4_rpl = 4;
+            float f4 = time_median(reps, [&]() { for (int l = 0; l < L; l++) { qk_forward(ver, lay[l]); } }, no_pre, &mn);
+            qk4_rpl = 2;
+            snprintf(what, sizeof what, "%s fwd, 4 rows a lane", m.name);
+            print_time("qk", ver, what, f4, mn, bf[qk], copy_gbs, 0);
+        }
         tb[qk] = time_median(reps, [&]() { for (int l = 0; l < L; l++) { qk_backward(ver, lay[l]); } }, no_pre, &mn);
         bb[qk] = qk_bytes_bwd((double)rows * L, HD);
         snprintf(what, sizeof what, "%s bwd %d x (B=%d T=%d nh=%d HD=%d)", m.name, L, m.B, m.T, nh, HD);
@@ -1670,13 +1791,13 @@ static void bench_qk(int ver, const Model &m, int reps, uint64_t seed, double co
             const int R = red_rows_per_part(rows), P = (int)ceil_div(rows, R);
             float r = time_median(reps, [&]() {
                 for (int l = 0; l < L; l++) {
-                    if (ver == 3) { reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(lay[l].dw, partial, P, HD); }
+                    if (ver >= 3) { reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(lay[l].dw, partial, P, HD); }
                     else { reduce_partials_kernel<<<ceil_div(HD, 256), 256>>>(lay[l].dw, partial, P, HD); }
                 }
                 launchCheck();
             }, no_pre, &mn);
             printf("  qk     v%d   of which the dw partials' sum: %d x (P=%d, HD=%d) %.3f ms (%s)\n", ver, L, P, HD, r,
-                   ver == 3 ? "a warp per channel" : "reduce_partials_kernel, a thread per channel");
+                   ver >= 3 ? "a warp per channel" : "reduce_partials_kernel, a thread per channel");
         }
         cudaCheck(cudaFree(inp)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(rstd));
         cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dinp));
@@ -1719,7 +1840,7 @@ static void bench_sw(int ver, int reps, uint64_t seed, double copy_gbs) {
 
 // the versions of each op: 1..VMAX
 #define CE_VMAX 4
-#define QK_VMAX 3
+#define QK_VMAX 4
 #define SW_VMAX 3
 
 int main(int argc, char **argv) {

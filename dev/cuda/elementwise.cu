@@ -15,7 +15,7 @@ Run:
     ./elementwise --op OP --version N --bench   version N of OP timed at the trainer's shapes
     ./elementwise --all                     --check and --bench of every op and version
   OP: ce (cross-entropy), qk (QK-norm + RoPE), swiglu; without --op: every op.
-  Without --version: every version of the op. Neither --check nor --bench: both.
+  Without --version: every version of the op (ce and qk 1-4, swiglu 1-3). Neither --check nor --bench: both.
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the small shapes only: for compute-sanitizer)
 
@@ -44,6 +44,12 @@ Versions (NOTES_elementwise.md has the byte counts, floors and H200 figures):
       v3  forward and backward fused in one kernel (in train_mhar.cu since branch ew; needs
           dloss at forward time); the row is staged in shared memory so the
           logits are read from HBM once: saves the forward's 3.3 GB read.
+      v4  v3's arithmetic (the same bits) in a persistent grid, one block of 512
+          threads an SM with 2 row buffers in shared memory (201 KB at Vp = 50304):
+          the next row arrives by TMA bulk copies (sm_90) while the block reduces
+          the current one and writes its dlogits, so an SM's loads never wait for
+          its reductions and writes (v3: read phase, then write phase, a block per
+          row). --check also runs v3 and says whether the outputs are bit-identical.
   qk  v1  the trainer's kernels at 3dc0648: rmsnorm_forward_kernel, then
           rope_forward_kernel in place; backward zero + rope_backward_kernel into
           an fp32 scratch, zero + rmsnorm_backward_kernel, rmsnorm_dw_partial_kernel,
@@ -55,6 +61,10 @@ Versions (NOTES_elementwise.md has the byte counts, floors and H200 figures):
           backward writes dinp (v1, v2 add into a zeroed buffer): no memset, no
           read of dinp; its dw partials are summed by a warp per channel.
           Needs HD in {16, 32, 64, 128, 256}.
+      v4  forward: v3's arithmetic (the same bits), a lane takes a pack of 2 rows and
+          issues every load (data, w, angles) before using any, at 4 blocks an SM;
+          a lane loads half of its angles' values and swaps with its partner.
+          Backward: v3's. The bench adds a line at 4 rows a lane.
   swiglu  v1  one element per thread (the trainer before 74133cf).
           v2  8 consecutive elements per thread, scalar loop (74133cf): measured
               SLOWER on the H200 (bwd 5.96 vs 3.16 ms per step), kept as a negative result.
@@ -78,8 +88,9 @@ metric of test_mhar and README_cuda; PASS needs, for every element,
     fp32, then one log); rstd rtol 1e-5; dw rtol 1e-4, atol 1e-4 (fp32 sums
     over up to 2.6e5 rows of terms of both signs).
 
-STATUS: run on an H200 (2026-11-29): --check PASS for every op and version,
-repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
+STATUS: ce v4 and qk v4 (2026-12-02) are written and compiled (nvcc 13.0, sm_90a)
+but not yet run on a GPU. The rest: run on an H200 (2026-11-29): --check PASS for every op and
+version, repeats bit-identical; --bench in dev/results/lab/elementwise_h200_2026-11-29.txt
 (NOTES_elementwise.md). compute-sanitizer has not been run on this file yet.
 Before that it was written and compiled on a machine without a GPU (nvcc 13.0, no
 warnings), where --cpu-selftest and --bytes ran.
@@ -230,7 +241,7 @@ __global__ void ce_backward_v2_kernel(floatX *dlogits, const floatX *logits, con
     }
 }
 
-// ---- v3 (H200: 2.03 ms per step; now train_mhar.cu's crossentropy_fused_kernel):
+// ---- v3 (H200: 2.03 ms per step; the trainer's crossentropy_fused_kernel until v4):
 // forward and backward in one kernel.
 // The trainer knows dloss (1/(B*T*accumulation steps)) before the forward, and
 // the training forward's logits are only ever read again by the backward. So
@@ -328,6 +339,136 @@ ce_fused_v3_kernel(floatX *dlogits, float *losses, float *lse, const floatX *log
     }
 }
 
+// ---- v4: v3's arithmetic in a persistent grid that keeps HBM busy between rows.
+// v3 alternates, in every block, a read phase (its loads) and a reduce + write
+// phase (no loads), with a block launch and barriers between rows; 2 blocks an
+// SM overlap only where they happen to be out of phase. v4 runs one block of
+// CE4_THREADS an SM (the grid: as many blocks as fit at once, at most N), each
+// over the rows n = blockIdx.x + j gridDim.x, j = 0, 1, ..., with nbuf (2 where
+// they fit) row buffers in shared memory: row j sits in buffer j % nbuf. Thread 0
+// fetches a row with TMA 1D bulk copies (cp.async.bulk, sm_90) that complete on
+// the buffer's mbarrier, so while the block reduces row j and writes its dlogits,
+// row j + 1 is already on its way; row j + nbuf is fetched into buffer j % nbuf
+// once every thread is done with row j. Per row: wait for its buffer, pass 1
+// (v3's online max/sum, from shared memory), block_max/block_sum, losses and lse,
+// pass 2 (v3's dlogits, written to global memory).
+// Same results as v3, bit for bit: CE4_THREADS = CE3_THREADS, and thread t takes
+// the packs t, t + 512, ... of a row in the same order with the same functions in
+// both passes, and the block merge is the same.
+// In place is safe: a row is fetched once, by its own block, and its dlogits are
+// written only after the fetch completed (the mbarrier wait); the fetches in
+// flight are of later rows, which no block writes before it has fetched them.
+// Needs sm_90 (TMA, mbarrier transaction counts); the row's first nreal packs
+// are fetched (nreal x 16 bytes, a multiple of 16 as cp.async.bulk needs, from a
+// row start 256-byte aligned since Vp is a multiple of 128).
+#define CE4_THREADS CE3_THREADS
+#define CE4_NBUF_MAX 2
+#define CE4_CHUNK 16384u   // bytes per bulk copy: a row of 100 KB goes as 7 copies on one mbarrier
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// thread 0: the mbarriers bar[0..nb) with an arrival count of 1, visible to the async proxy (TMA)
+__device__ __forceinline__ void ce4_init(uint64_t *bar, int nb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int b = 0; b < nb; b++) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[b])) : "memory"); }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// thread 0: arm the mbarrier bar for `bytes`, then copy bytes from global src to shared dst by
+// TMA bulk copies that complete on bar
+__device__ __forceinline__ void ce4_fetch(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // order the block's generic-proxy reads of dst (a previous row) before the async-proxy writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const unsigned b = smem_u32(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    for (unsigned off = 0; off < bytes; off += CE4_CHUNK) {
+        const unsigned c = bytes - off < CE4_CHUNK ? bytes - off : CE4_CHUNK;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32((char *)dst + off)), "l"((const char *)src + off), "r"(c), "r"(b)
+                     : "memory");
+    }
+#endif
+}
+
+// every thread: wait until the mbarrier bar completes the phase of this parity; a wait past
+// 2^34 clocks (~10 s) is a pipeline bug: trap, so the launch fails instead of hanging
+__device__ __forceinline__ void ce4_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    long long t0 = 0;
+    for (int spin = 0;; spin++) {
+        unsigned done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+        if (done) { return; }
+        if (spin == 0) { t0 = clock64(); }
+        else if (clock64() - t0 > (1ll << 34)) { __trap(); }
+    }
+#endif
+}
+
+__global__ void __launch_bounds__(CE4_THREADS, 1)
+ce_fused_v4_kernel(floatX *dlogits, float *losses, float *lse, const floatX *logits, const int *targets, float dloss,
+                   size_t N, int V, int Vp, int nbuf) {
+    extern __shared__ Pack ce4_buf[];              // nbuf buffers of Vp / PACK packs; the first nreal used
+    __shared__ uint64_t ce4_bar[CE4_NBUF_MAX];     // buffer b's mbarrier: completes when its row has arrived
+    const float LN2 = 0.6931471805599453f;
+    const int full = V / PACK, nreal = (V + PACK - 1) / PACK, npk = Vp / PACK;
+    const unsigned bytes = (unsigned)nreal * 16u;
+    const size_t G = gridDim.x;
+    if (threadIdx.x == 0) {
+        ce4_init(ce4_bar, nbuf);
+        for (int j = 0; j < nbuf && blockIdx.x + j * G < N; j++) {
+            ce4_fetch(ce4_buf + (size_t)j * npk, logits + (blockIdx.x + j * G) * Vp, bytes, &ce4_bar[j]);
+        }
+    }
+    __syncthreads();   // the mbarriers initialised before anyone waits on them
+    size_t j = 0;
+    for (size_t n = blockIdx.x; n < N; n += G, j++) {
+        const int b = (int)(j % nbuf);
+        const Pack *row = ce4_buf + (size_t)b * npk;
+        Pack *drow = (Pack *)(dlogits + n * Vp);
+        const int target = targets[n], tk = target / PACK, te = target % PACK;   // loaded while pass 1 runs
+        ce4_wait(&ce4_bar[b], (unsigned)(j / nbuf) & 1u);   // the buffer's (j / nbuf)-th fetch has landed
+        // pass 1 (v3's): online softmax in base 2 over the packs t, t + blockDim.x, ...
+        float m = -INFINITY, s = 0.0f;
+        #pragma unroll 4
+        for (int k = threadIdx.x; k < nreal; k += blockDim.x) {
+            const Pack x = row[k];
+            if (k < full) { ce3_update<true>(x, PACK, m, s); }
+            else { ce3_update<false>(x, V - k * PACK, m, s); }
+        }
+        const float M = block_max(m);
+        const float ML = M * CE3_LOG2E;
+        const float S = block_sum(m == -INFINITY ? 0.0f : s * exp2f(m * CE3_LOG2E - ML));
+        const float l2 = ML + log2f(S);   // lse in base 2
+        if (threadIdx.x == 0) {
+            lse[n] = l2 * LN2;
+            losses[n] = l2 * LN2 - toF(row[tk].v[te]);
+        }
+        // pass 2 (v3's): from shared memory, a pack in one 16-byte load (v3's code loads it value by
+        // value); the padding packs are written without being read
+        for (int k = threadIdx.x; k < npk; k += blockDim.x) {
+            Pack d, x;
+            if (k < nreal) { *(uint4 *)&x = *(const uint4 *)&row[k]; }
+            if (k < full) {
+                d = ce3_grad<true>(x, PACK, k == tk ? te : -1, l2, dloss);
+            } else if (k < nreal) {
+                d = ce3_grad<false>(x, V - k * PACK, k == tk ? te : -1, l2, dloss);
+            } else {
+                #pragma unroll
+                for (int e = 0; e < PACK; e++) { d.v[e] = fromF<floatX>(0.0f); }
+            }
+            drow[k] = d;
+        }
+        __syncthreads();   // every thread is done with buffer b
+        if (threadIdx.x == 0 && n + nbuf * G < N) {
+            ce4_fetch(ce4_buf + (size_t)b * npk, logits + (n + nbuf * G) * Vp, bytes, &ce4_bar[b]);
+        }
+    }
+}
+
 struct CeBufs {
     floatX *logits;        // (N, Vp); the backward overwrites it with dlogits
     const int *targets;    // (N)
@@ -337,6 +478,22 @@ struct CeBufs {
     float dloss;
 };
 
+// v4's row buffers at this Vp: 2 where they fit in shared memory next to the static
+// 272 bytes (block_max/block_sum's, the mbarriers), else 1, else 0 (unsupported);
+// 0 also on a device below sm_90 (no TMA)
+static int ce4_nbuf(int Vp) {
+    int maxsm = 0, major = 0;
+    cudaCheck(cudaDeviceGetAttribute(&maxsm, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    if (major < 9) { return 0; }
+    for (int nb = CE4_NBUF_MAX; nb >= 1; nb--) {
+        if ((size_t)nb * Vp * sizeof(floatX) + 1024 <= (size_t)maxsm) { return nb; }
+    }
+    return 0;
+}
+
+static int ce4_nbuf_force = 0;   // the check's run of v4 with 1 buffer (the fp32 trainer's case at Vp = 50304)
+
 static bool ce_supported(int ver, int V, int Vp) {
     if (Vp % 128 != 0 || V > Vp) { return false; }
     if (ver == 3) {   // the row in shared memory, next to block_max/block_sum's 256 bytes
@@ -344,16 +501,17 @@ static bool ce_supported(int ver, int V, int Vp) {
         cudaCheck(cudaDeviceGetAttribute(&maxsm, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
         return (size_t)Vp * sizeof(floatX) + 1024 <= (size_t)maxsm;
     }
+    if (ver == 4) { return ce4_nbuf(Vp) > 0; }
     return ver >= 1 && ver <= 2;
 }
 
-// v3 does the forward and the backward here
+// v3 and v4 do the forward and the backward here
 static void ce_forward(int ver, const CeBufs &b) {
     if (ver == 1) {
         ce_forward_v1_kernel<<<(unsigned)b.N, CE_THREADS>>>(b.losses, b.lse, b.logits, b.targets, b.V, b.Vp);
     } else if (ver == 2) {
         ce_forward_v2_kernel<<<(unsigned)b.N, CE_THREADS>>>(b.losses, b.lse, b.logits, b.targets, b.V, b.Vp);
-    } else {
+    } else if (ver == 3) {
         static size_t smem_set = 0;   // raise the limit once per size, not inside a timed call
         size_t smem = (size_t)b.Vp * sizeof(floatX);
         if (smem > smem_set) {
@@ -362,11 +520,31 @@ static void ce_forward(int ver, const CeBufs &b) {
         }
         ce_fused_v3_kernel<<<(unsigned)b.N, CE3_THREADS, smem>>>(b.logits, b.losses, b.lse, b.logits, b.targets,
                                                                  b.dloss, b.V, b.Vp);
+    } else {
+        // the grid: as many blocks as are resident at once (1 an SM at the 100m shape), at most N;
+        // set up once per Vp, not inside a timed call
+        static int vp_set = 0, nbuf_set = -1, nbuf = 0;
+        static unsigned grid_max = 0;
+        if (b.Vp != vp_set || ce4_nbuf_force != nbuf_set) {
+            nbuf = ce4_nbuf_force ? ce4_nbuf_force : ce4_nbuf(b.Vp);
+            nbuf_set = ce4_nbuf_force;
+            const size_t smem = (size_t)nbuf * b.Vp * sizeof(floatX);
+            cudaCheck(cudaFuncSetAttribute(ce_fused_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            int sms = 0, per_sm = 0;
+            cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ce_fused_v4_kernel, CE4_THREADS, smem));
+            grid_max = (unsigned)(sms * (per_sm > 0 ? per_sm : 1));
+            vp_set = b.Vp;
+        }
+        const size_t smem = (size_t)nbuf * b.Vp * sizeof(floatX);
+        const unsigned grid = b.N < grid_max ? (unsigned)b.N : grid_max;
+        ce_fused_v4_kernel<<<grid, CE4_THREADS, smem>>>(b.logits, b.losses, b.lse, b.logits, b.targets, b.dloss, b.N,
+                                                        b.V, b.Vp, nbuf);
     }
     launchCheck();
 }
 
-// in place: dlogits over the logits; v3: nothing left to do
+// in place: dlogits over the logits; v3, v4: nothing left to do
 static void ce_backward(int ver, const CeBufs &b) {
     if (ver == 1) {
         ce_backward_v1_kernel<<<ceil_div(b.N * b.Vp, 256), 256>>>(b.logits, b.logits, b.lse, b.targets, b.dloss, b.N,
@@ -567,6 +745,85 @@ qk_forward_v3_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *
     if (p == 0) { rstd[n] = s; }
 }
 
+// ---- v4 forward (the backward is v3's): v3's arithmetic, RPL rows a lane, every load first.
+// Why v3's forward runs at 1.57x its floor (1.46x at the 1b shapes, where the calls are twice
+// as long, so not only launch gaps): a lane has one 16-byte load of HBM in flight, and at 39
+// registers 1536 threads an SM, 24 KB an SM, under what Little's law asks (~30 GB/s an SM x
+// ~1 us); then the cos/sin loads (64 bytes a lane, from L2) issue only after the data came
+// back and the two shuffle rounds: a second round trip in series, with no HBM load in flight.
+// SwiGLU v3, two independent 16-byte loads a thread and nothing dependent, runs at the copy
+// rate. v4: a lane takes RPL rows (the rows base + r RPW + lane / G, r < RPL: each warp
+// instruction still covers RPW consecutive rows), issues the RPL data loads, w and the RPL
+// cos/sin loads before it uses any of them. __launch_bounds__ keeps 4 blocks an SM at RPL = 2
+// (64 registers: 1024 threads x 32 bytes = 32 KB of HBM in flight), 3 at RPL = 4 (85: 768 x 64
+// bytes = 48 KB), and the table loads' latency hides under the data's. To fit that in 64 registers, a lane loads half of its
+// angles' table values (32 bytes a row, not 64) and gets the other half from its partner.
+// Per row the arithmetic is v3's, on the same values: the same bits.
+template <int HD, int RPL>
+__global__ void __launch_bounds__(256, RPL <= 2 ? 4 : 3)
+qk_forward_v4_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, const float *cosv,
+                     const float *sinv, size_t rows, int T, int nh) {
+    constexpr int G = HD / PACK, RPW = 32 / G, HALF = HD / 2;
+    static_assert(HD % (2 * PACK) == 0 && 32 % G == 0, "HD must be 16, 32, 64, 128 or 256");
+    const int lane = threadIdx.x % 32, p = lane % G;
+    const size_t base = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * RPW * RPL + lane / G;
+    const int j0 = (p * PACK) % HALF;
+    const bool first = p < G / 2;   // out1 = y1 c - y2 sn (first half), out2 = y2 c + y1 sn
+    // a lane and its partner (lane ^ G/2) need the same PACK angles: the first-half lane loads
+    // their cosines, the second-half lane their sines, and they swap by shuffles (8 registers
+    // a row in flight instead of 16)
+    const float *tab = first ? cosv : sinv;
+    Pack xp[RPL];
+    float4 a0[RPL], a1[RPL];
+    #pragma unroll
+    for (int r = 0; r < RPL; r++) {   // every load first: RPL x (16 bytes of HBM, 32 of table)
+        const size_t n = base + (size_t)r * RPW;
+        if (n < rows) {
+            xp[r] = reinterpret_cast<const Pack *>(inp + n * HD)[p];
+            const float4 *ap = reinterpret_cast<const float4 *>(tab + (size_t)((n / nh) % T) * HALF + j0);
+            a0[r] = ap[0]; a1[r] = ap[1];
+        } else {
+            a0[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); a1[r] = a0[r];
+        }
+    }
+    const Pack wp = reinterpret_cast<const Pack *>(w)[p];
+    float wv[PACK];
+    #pragma unroll
+    for (int e = 0; e < PACK; e++) { wv[e] = toF(wp.v[e]); }
+    #pragma unroll
+    for (int r = 0; r < RPL; r++) {
+        const size_t n = base + (size_t)r * RPW;
+        const bool valid = n < rows;   // every lane takes part in the shuffles
+        float x[PACK], ss = 0.0f;
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { x[e] = valid ? toF(xp[r].v[e]) : 0.0f; }
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { ss += x[e] * x[e]; }
+        #pragma unroll
+        for (int o = G / 2; o > 0; o >>= 1) { ss += __shfl_xor_sync(0xffffffffu, ss, o); }
+        const float s = 1.0f / sqrtf(ss / HD + 1e-6f);
+        float y[PACK], yo[PACK];
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { y[e] = x[e] * s * wv[e]; }                               // the norm
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { yo[e] = __shfl_xor_sync(0xffffffffu, y[e], G / 2); }   // the partner's
+        const float mine[PACK] = {a0[r].x, a0[r].y, a0[r].z, a0[r].w, a1[r].x, a1[r].y, a1[r].z, a1[r].w};
+        float theirs[PACK];
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { theirs[e] = __shfl_xor_sync(0xffffffffu, mine[e], G / 2); }
+        if (valid) {
+            Pack op;
+            #pragma unroll
+            for (int e = 0; e < PACK; e++) {
+                const float c = first ? mine[e] : theirs[e], sn = first ? theirs[e] : mine[e];
+                op.v[e] = fromF<floatX>(first ? y[e] * c - yo[e] * sn : y[e] * c + yo[e] * sn);
+            }
+            reinterpret_cast<Pack *>(out + n * HD)[p] = op;
+            if (p == 0) { rstd[n] = s; }
+        }
+    }
+}
+
 // Block b handles the rows of partition b (rows_per_part of them): each warp
 // takes RPW rows a step. partial[b] (HD) = the partition's share of dw.
 template <int HD>
@@ -675,7 +932,7 @@ struct QkBufs {
 
 static bool qk_supported(int ver, int HD) {
     if (HD % 2 != 0 || HD > 256) { return false; }
-    if (ver == 3) { return HD == 16 || HD == 32 || HD == 64 || HD == 128 || HD == 256; }
+    if (ver == 3 || ver == 4) { return HD == 16 || HD == 32 || HD == 64 || HD == 128 || HD == 256; }
     return ver >= 1 && ver <= 2;
 }
 
@@ -683,6 +940,17 @@ template <int HD> static void qk_forward_v3(const QkBufs &b) {
     constexpr int RPW = 32 / (HD / PACK);
     qk_forward_v3_kernel<HD><<<ceil_div(b.rows(), 8 * RPW), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv, b.sinv,
                                                                    b.rows(), b.T, b.nh);
+}
+static int qk4_rpl = 2;   // v4's rows a lane: 2, or 4 (the bench's second v4 line, the check's comparison)
+template <int HD> static void qk_forward_v4(const QkBufs &b) {
+    constexpr int RPW = 32 / (HD / PACK);
+    if (qk4_rpl == 4) {
+        qk_forward_v4_kernel<HD, 4><<<ceil_div(b.rows(), 8 * RPW * 4), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv,
+                                                                             b.sinv, b.rows(), b.T, b.nh);
+    } else {
+        qk_forward_v4_kernel<HD, 2><<<ceil_div(b.rows(), 8 * RPW * 2), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv,
+                                                                             b.sinv, b.rows(), b.T, b.nh);
+    }
 }
 template <int HD> static void qk_backward_v3(const QkBufs &b, int R, int P) {
     qk_backward_v3_kernel<HD><<<P, 256>>>(b.dinp, b.partial, b.dout, b.inp, b.rstd, b.w, b.cosv, b.sinv, b.rows(),
@@ -700,7 +968,7 @@ static void qk_forward(int ver, const QkBufs &b) {
     } else if (ver == 2) {
         qknorm_rope_forward_v2_kernel<<<ceil_div(rows, 8), 256>>>(b.out, b.rstd, b.inp, b.w, b.cosv, b.sinv, rows,
                                                                   b.T, b.nh, HD);
-    } else {
+    } else if (ver == 3) {
         switch (HD) {
             case 16: qk_forward_v3<16>(b); break;
             case 32: qk_forward_v3<32>(b); break;
@@ -708,12 +976,20 @@ static void qk_forward(int ver, const QkBufs &b) {
             case 128: qk_forward_v3<128>(b); break;
             default: qk_forward_v3<256>(b); break;
         }
+    } else {
+        switch (HD) {
+            case 16: qk_forward_v4<16>(b); break;
+            case 32: qk_forward_v4<32>(b); break;
+            case 64: qk_forward_v4<64>(b); break;
+            case 128: qk_forward_v4<128>(b); break;
+            default: qk_forward_v4<256>(b); break;
+        }
     }
     launchCheck();
 }
 
 // dinp = gradient of inp (v1, v2: zeroed, then added into, as the trainer does);
-// dw += gradient of w
+// dw += gradient of w. v4's backward is v3's.
 static void qk_backward(int ver, const QkBufs &b) {
     const size_t rows = b.rows();
     const int HD = b.HD;
@@ -744,7 +1020,7 @@ static void qk_backward(int ver, const QkBufs &b) {
         }
     }
     launchCheck();
-    if (ver == 3) {
+    if (ver >= 3) {
         reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(b.dw, b.partial, P, HD);
     } else {
         reduce_partials_kernel<<<ceil_div(HD, 256), 256>>>(b.dw, b.partial, P, HD);
@@ -1115,7 +1391,7 @@ static int cpu_selftest(uint64_t seed) {
 // L2-resident) and the dw partials (<= 1 MB) left out.
 //   ce      fwd   N (2V + 12)        logits' V real columns read, targets, losses, lse
 //           bwd   N (2V + 2Vp + 8)   the row read, dlogits written (all Vp), lse, targets
-//           v3    N (2V + 2Vp + 12)  fused: the row read once, dlogits, targets, losses, lse
+//           v3/v4 N (2V + 2Vp + 12)  fused: the row read once, dlogits, targets, losses, lse
 //   qk      fwd   rows (4 HD + 4)    inp read, out written (bf16), rstd
 //           bwd   rows (8 HD + 4)    dout (fp32) and inp read, rstd, dinp written
 //   swiglu  fwd   6 n                g, u read, out written
@@ -1160,7 +1436,7 @@ static void print_bytes(void) {
             {"ce fwd (1 call)", ce_bytes_fwd(N, m->V)},
             {"ce bwd (1 call)", ce_bytes_bwd(N, m->V, m->Vp)},
             {"ce fwd + bwd, v1/v2", ce_bytes_fwd(N, m->V) + ce_bytes_bwd(N, m->V, m->Vp)},
-            {"ce fused, v3", ce_bytes_fused(N, m->V, m->Vp)},
+            {"ce fused, v3/v4", ce_bytes_fused(N, m->V, m->Vp)},
             {"qk fwd, v2/v3 (min)", qk_bytes_fwd(rows_step, m->HD)},
             {"qk fwd, v1 moves", qk_moved_fwd(1, rows_step, m->HD)},
             {"qk bwd, v3 (min)", qk_bytes_bwd(rows_step, m->HD)},
@@ -1208,18 +1484,25 @@ static bool check_ce_shape(int ver, size_t N, int V, int Vp, size_t stride, uint
         ref_ce_row(x.data(), V, Vp, tg[rows[k]], dloss, &rloss[k], &rlse[k], &rdl[k * Vp]);
     }
     bool ok = true;
-    std::vector<unsigned char> first[3];
-    for (int rep = 0; rep < 2; rep++) {
+    // one run of version v: losses, lse and the checked rows of dlogits (concatenated), as bytes
+    auto run = [&](int v, std::vector<unsigned char> (&out)[3]) {
         cudaCheck(cudaMemcpy(logits, pristine, N * Vp * sizeof(floatX), cudaMemcpyDeviceToDevice));
         cudaCheck(cudaMemset(losses, 0xFF, N * 4)); cudaCheck(cudaMemset(lse, 0xFF, N * 4));   // NaN
-        ce_forward(ver, b);
-        ce_backward(ver, b);
+        ce_forward(v, b);
+        ce_backward(v, b);
         cudaCheck(cudaDeviceSynchronize());
-        std::vector<unsigned char> out[3] = {fetch_bytes(losses, N * 4), fetch_bytes(lse, N * 4), {}};
-        for (size_t r : rows) {   // the checked rows of dlogits, concatenated
-            std::vector<unsigned char> d = fetch_bytes(logits + r * Vp, (size_t)Vp * 2);
+        out[0] = fetch_bytes(losses, N * 4);
+        out[1] = fetch_bytes(lse, N * 4);
+        out[2].clear();
+        for (size_t r : rows) {
+            std::vector<unsigned char> d = fetch_bytes(logits + r * Vp, (size_t)Vp * sizeof(floatX));
             out[2].insert(out[2].end(), d.begin(), d.end());
         }
+    };
+    std::vector<unsigned char> first[3];
+    for (int rep = 0; rep < 2; rep++) {
+        std::vector<unsigned char> out[3];
+        run(ver, out);
         if (repeat_done(rep, out, first, ok)) { break; }
         std::vector<float> fl = bytes_f32(out[0]), fe = bytes_f32(out[1]), gl(rows.size()), ge(rows.size());
         for (size_t k = 0; k < rows.size(); k++) { gl[k] = fl[rows[k]]; ge[k] = fe[rows[k]]; }
@@ -1235,6 +1518,12 @@ static bool check_ce_shape(int ver, size_t N, int V, int Vp, size_t stride, uint
         printf(" padding %s\n", pad_bad ? "NONZERO (FAIL)" : "0");
         ok &= pad_bad == 0;
     }
+    if (ver == 4 && ce_supported(3, V, Vp)) {   // v4 is v3's arithmetic: the same bits, or a note why not
+        std::vector<unsigned char> v3out[3];
+        run(3, v3out);
+        const bool same = v3out[0] == first[0] && v3out[1] == first[1] && v3out[2] == first[2];
+        printf("  ce v4 vs v3: losses, lse, dlogits %s\n", same ? "bit-identical" : "DIFFER (within the tolerances above)");
+    }
     cudaCheck(cudaFree(logits)); cudaCheck(cudaFree(pristine)); cudaCheck(cudaFree(targets));
     cudaCheck(cudaFree(losses)); cudaCheck(cudaFree(lse));
     return ok;
@@ -1248,6 +1537,13 @@ static bool check_ce(int ver, uint64_t seed) {
     ok &= check_ce_shape(ver, 37, 77, 128, 1, seed + 2);
     ok &= check_ce_shape(ver, 130, 1000, 1024, 1, seed + 3);
     ok &= check_ce_shape(ver, 5, 5, 128, 1, seed + 4);
+    ok &= check_ce_shape(ver, 3001, 1000, 1024, 7, seed + 6);   // N > the grid: v4's blocks take several rows
+    if (ver == 4) {   // and with one buffer: fetch, compute, fetch
+        ce4_nbuf_force = 1;
+        printf("  (ce v4 with 1 row buffer)\n");
+        ok &= check_ce_shape(ver, 3001, 1000, 1024, 7, seed + 6);
+        ce4_nbuf_force = 0;
+    }
     if (!quick) { ok &= check_ce_shape(ver, 32768, 50257, 50304, 61, seed + 5); }   // 100m shape, 539 rows checked
     printf("ce v%d check: %s\n", ver, ok ? "PASS" : "FAIL");
     return ok;
@@ -1299,6 +1595,18 @@ static bool check_qk_shape(int ver, int B, int T, int nh, int HD, uint64_t seed)
         ok &= compare("dinp", bytes_bf16_to_f(out[2]), rdinp, 0x1p-7, 1e-4);
         ok &= compare("dw", bytes_f32(out[3]), rdw, 1e-4, 1e-4);
         printf("\n");
+    }
+    if (ver == 4) {   // v4's forward is v3's arithmetic: the same out and rstd, at 2 and 4 rows a lane
+        const char *what[2] = {"v3", "v4 with 4 rows a lane"};
+        for (int k = 0; k < 2; k++) {
+            cudaCheck(cudaMemset(b.out, 0xFF, nel * 2)); cudaCheck(cudaMemset(b.rstd, 0xFF, rows * 4));
+            qk4_rpl = 4;
+            qk_forward(k == 0 ? 3 : 4, b);
+            qk4_rpl = 2;
+            cudaCheck(cudaDeviceSynchronize());
+            const bool same = fetch_bytes(b.out, nel * 2) == first[0] && fetch_bytes(b.rstd, rows * 4) == first[1];
+            printf("  qk v4 vs %s: out, rstd %s\n", what[k], same ? "bit-identical" : "DIFFER (within the tolerances above)");
+        }
     }
     cudaCheck(cudaFree(inp)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(cosv)); cudaCheck(cudaFree(sinv));
     cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(b.out)); cudaCheck(cudaFree(b.rstd)); cudaCheck(cudaFree(b.dinp));
@@ -1388,8 +1696,8 @@ static void print_time(const char *op, int ver, const char *what, float ms, floa
 // The H200 per-op profile of the trainer (session 2, 100m, B=16, T=2048; ms per
 // step; bench_gpu_h200_2026-11-29.txt (a raw log of that session, removed from the tree; in git history) for v2/v3; the v1 figures
 // from the profile before df51936 / 5f86eff). 0: not measured.
-static const double PROF_CE[4][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}};
-static const double PROF_QK[4][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}};
+static const double PROF_CE[5][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}, {0, 0}};
+static const double PROF_QK[5][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}, {0, 0}};
 static const double PROF_SW[4][2] = {{0, 0}, {2.68, 3.16}, {3.05, 5.96}, {0.90, 1.69}};
 
 static void bench_ce(int ver, int reps, uint64_t seed, double copy_gbs) {
@@ -1421,8 +1729,8 @@ static void bench_ce(int ver, int reps, uint64_t seed, double copy_gbs) {
     } else {
         float f = time_median(reps, [&]() { ce_forward(ver, b); }, restore, &mn);
         snprintf(what, sizeof what, "fused fwd + bwd N=%zu V=%d Vp=%d", N, V, Vp);
-        print_time("ce", ver, what, f, mn, ce_bytes_fused(N, V, Vp), copy_gbs, 0);
-        printf("  ce     v3 compare with v2's fwd + bwd (trainer profile: %.2f ms)\n", PROF_CE[2][0] + PROF_CE[2][1]);
+        print_time("ce", ver, what, f, mn, ce_bytes_fused(N, V, Vp), copy_gbs, PROF_CE[ver][0]);
+        printf("  ce     v%d compare with v2's fwd + bwd (trainer profile: %.2f ms)\n", ver, PROF_CE[2][0] + PROF_CE[2][1]);
     }
     cudaCheck(cudaFree(logits)); cudaCheck(cudaFree(pristine)); cudaCheck(cudaFree(targets));
     cudaCheck(cudaFree(losses)); cudaCheck(cudaFree(lse));
@@ -1468,6 +1776,13 @@ static void bench_qk(int ver, const Model &m, int reps, uint64_t seed, double co
         char what[96];
         snprintf(what, sizeof what, "%s fwd %d x (B=%d T=%d nh=%d HD=%d)", m.name, L, m.B, m.T, nh, HD);
         print_time("qk", ver, what, tf[qk], mn, bf[qk], copy_gbs, 0);
+        if (ver == 4) {   // the same with 4 rows a lane
+            qk4_rpl = 4;
+            float f4 = time_median(reps, [&]() { for (int l = 0; l < L; l++) { qk_forward(ver, lay[l]); } }, no_pre, &mn);
+            qk4_rpl = 2;
+            snprintf(what, sizeof what, "%s fwd, 4 rows a lane", m.name);
+            print_time("qk", ver, what, f4, mn, bf[qk], copy_gbs, 0);
+        }
         tb[qk] = time_median(reps, [&]() { for (int l = 0; l < L; l++) { qk_backward(ver, lay[l]); } }, no_pre, &mn);
         bb[qk] = qk_bytes_bwd((double)rows * L, HD);
         snprintf(what, sizeof what, "%s bwd %d x (B=%d T=%d nh=%d HD=%d)", m.name, L, m.B, m.T, nh, HD);
@@ -1476,13 +1791,13 @@ static void bench_qk(int ver, const Model &m, int reps, uint64_t seed, double co
             const int R = red_rows_per_part(rows), P = (int)ceil_div(rows, R);
             float r = time_median(reps, [&]() {
                 for (int l = 0; l < L; l++) {
-                    if (ver == 3) { reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(lay[l].dw, partial, P, HD); }
+                    if (ver >= 3) { reduce_partials_warp_kernel<<<ceil_div(HD, 8), 256>>>(lay[l].dw, partial, P, HD); }
                     else { reduce_partials_kernel<<<ceil_div(HD, 256), 256>>>(lay[l].dw, partial, P, HD); }
                 }
                 launchCheck();
             }, no_pre, &mn);
             printf("  qk     v%d   of which the dw partials' sum: %d x (P=%d, HD=%d) %.3f ms (%s)\n", ver, L, P, HD, r,
-                   ver == 3 ? "a warp per channel" : "reduce_partials_kernel, a thread per channel");
+                   ver >= 3 ? "a warp per channel" : "reduce_partials_kernel, a thread per channel");
         }
         cudaCheck(cudaFree(inp)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(w)); cudaCheck(cudaFree(rstd));
         cudaCheck(cudaFree(dw)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(partial)); cudaCheck(cudaFree(dinp));
@@ -1523,6 +1838,11 @@ static void bench_sw(int ver, int reps, uint64_t seed, double copy_gbs) {
 
 // ============================================================================
 
+// the versions of each op: 1..VMAX
+#define CE_VMAX 4
+#define QK_VMAX 4
+#define SW_VMAX 3
+
 int main(int argc, char **argv) {
     int ver = 0, reps = 20;
     bool do_check = false, do_bench = false, do_all = false, do_self = false, do_bytes = false;
@@ -1554,30 +1874,30 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
-    if (ver < 0 || ver > 3 || reps < 1) {
-        fprintf(stderr, "usage: elementwise [--op ce|qk|swiglu] [--version 1..3] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver > 4 || reps < 1) {
+        fprintf(stderr, "usage: elementwise [--op ce|qk|swiglu] [--version 1..4] [--check] [--bench] [--seed S]"
                         " [--reps R];  elementwise --all;  elementwise --cpu-selftest;  elementwise --bytes\n");
         return 1;
     }
     if (do_all || (!op_ce && !op_qk && !op_sw)) { op_ce = op_qk = op_sw = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;
+    const int v0 = ver ? ver : 1, v1 = ver ? ver : 4;
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v = v0; v <= v1; v++) {
-            if (op_ce) { ok &= check_ce(v, seed); }
-            if (op_qk) { ok &= check_qk(v, seed); }
-            if (op_sw) { ok &= check_sw(v, seed); }
+            if (op_ce && v <= CE_VMAX) { ok &= check_ce(v, seed); }
+            if (op_qk && v <= QK_VMAX) { ok &= check_qk(v, seed); }
+            if (op_sw && v <= SW_VMAX) { ok &= check_sw(v, seed); }
         }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
         for (int v = v0; v <= v1; v++) {
-            if (op_ce) { bench_ce(v, reps, seed, gbs); }
-            if (op_qk) { bench_qk(v, M100, reps, seed, gbs); bench_qk(v, M1B, reps, seed, gbs); }
-            if (op_sw) { bench_sw(v, reps, seed, gbs); }
+            if (op_ce && v <= CE_VMAX) { bench_ce(v, reps, seed, gbs); }
+            if (op_qk && v <= QK_VMAX) { bench_qk(v, M100, reps, seed, gbs); bench_qk(v, M1B, reps, seed, gbs); }
+            if (op_sw && v <= SW_VMAX) { bench_sw(v, reps, seed, gbs); }
         }
     }
     if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }

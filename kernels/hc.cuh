@@ -513,18 +513,31 @@ template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) 
     else { f(std::integral_constant<int, 8>()); }
 }
 
-// The persistent grid of a kernel: the blocks of `threads` threads and smem dynamic bytes that fit
-// on every multiprocessor at once, at most `want` (sets the dynamic shared memory limit first)
-template <typename K> static unsigned hc_resident_grid(K kernel, int threads, size_t smem, size_t want) {
+// The blocks of `kernel` (threads each, smem dynamic bytes) resident on the current device at
+// once, all multiprocessors together (the persistent grid); sets the kernel's dynamic shared
+// memory limit first when smem needs it. Asked of the runtime once per kernel, size and device,
+// then kept (launches stay free of host queries; the trainer and the labs are single-threaded).
+template <typename K> static unsigned hc_kernel_blocks(K kernel, int threads, size_t smem) {
+    struct Seen { const void *kernel; size_t smem; int threads, dev; unsigned blocks; };
+    static Seen seen[64];
+    static int nseen = 0;
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    for (int i = 0; i < nseen; i++) {
+        const Seen &e = seen[i];
+        if (e.kernel == (const void *)kernel && e.smem == smem && e.threads == threads && e.dev == dev) {
+            return e.blocks;
+        }
+    }
     if (smem > 48 * 1024) {
         cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     }
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaCheck(cudaGetDevice(&dev));
+    int sms = 0, per_sm = 0;
     cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const size_t grid = (size_t)sms * (per_sm > 0 ? per_sm : 1);
-    return (unsigned)(grid < want ? grid : want);
+    const unsigned blocks = (unsigned)sms * (unsigned)(per_sm > 0 ? per_sm : 1);
+    if (nseen < 64) { seen[nseen++] = {(const void *)kernel, smem, threads, dev, blocks}; }
+    return blocks;
 }
 
 // Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r,
@@ -539,15 +552,15 @@ static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, cons
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, g, [&](auto npk) {
             constexpr int NS = decltype(ns)::value, NPK = decltype(npk)::value;
-            const size_t want = ceil_div(N, HC_FWD_WARPS);
+            const unsigned want = ceil_div(N, HC_FWD_WARPS);   // blocks with a position for every warp
             if (ring <= HC_SMEM_STAGE) {
                 auto kernel = hc_update_read_norm_kernel<NS, NPK, true>;
-                kernel<<<hc_resident_grid(kernel, 32 * HC_FWD_WARPS, ring, want), 32 * HC_FWD_WARPS, ring, st>>>(
-                    Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+                const unsigned res = hc_kernel_blocks(kernel, 32 * HC_FWD_WARPS, ring), grid = res < want ? res : want;
+                kernel<<<grid, 32 * HC_FWD_WARPS, ring, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
             } else {
                 auto kernel = hc_update_read_norm_kernel<NS, NPK, false>;
-                kernel<<<hc_resident_grid(kernel, 32 * HC_FWD_WARPS, 0, want), 32 * HC_FWD_WARPS, 0, st>>>(
-                    Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+                const unsigned res = hc_kernel_blocks(kernel, 32 * HC_FWD_WARPS, 0), grid = res < want ? res : want;
+                kernel<<<grid, 32 * HC_FWD_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
             }
         });
     });
@@ -589,9 +602,7 @@ static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx
             const size_t smem = staged && stages > shares ? stages : shares;
             auto kernel = staged ? hc_norm_read_update_backward_kernel<NS, NPK, true>
                                  : hc_norm_read_update_backward_kernel<NS, NPK, false>;
-            if (smem > 48 * 1024) {
-                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            }
+            hc_kernel_blocks(kernel, 32 * HC_WARPS, smem);   // sets the shared memory limit (once)
             kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
                                                    Xprev, o, A, beta, N, C, rows, xb, xpb);
         });

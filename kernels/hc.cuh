@@ -39,15 +39,8 @@
 // floats (dg, as std's norm backward), and one launch of hc_reduce_kernel adds the partials of
 // every column in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Keeping the memory busy: the forward is a persistent grid whose warps hold a ring of the next
-// positions' inputs in shared memory (cp.async), so loads stay in flight through each position's
-// compute, warp sum and stores; the backward copies a position's second-pass rows (dXp, X_{j-1},
-// o_{j-1}) into a shared-memory stage when the position starts, so one memory round trip serves
-// both passes, and stores dXp from there in 512-byte coalesced runs. Per position and per sum the
-// arithmetic and its order are the same as without the staging (the lab's v3): outputs are
-// bit-identical to it.
-// Lab: dev/cuda/hc.cu v4 (v1 there: one thread per element, unfused; v2: the fused streams
-// with the norm outside, h stored; v3: the norm fused, no staging).
+// Lab: dev/cuda/hc.cu v3 (v1 there: one thread per element, unfused; v2: the fused streams
+// with the norm outside, h stored).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -56,9 +49,6 @@
 #define HC_MAX_N 8           // streams supported by the fused kernels (template cases 1, 2, 4, 8)
 #define HC_WARPS 8           // warps (positions in flight) per block
 #define HC_PARTS_MAX 1024    // at most this many partials per parameter sum
-#define HC_FWD_WARPS 4       // warps per block of the forward (a persistent grid)
-#define HC_FWD_STAGES 3      // positions a forward warp holds in shared memory (HC_FWD_STAGES - 1 in flight)
-#define HC_SMEM_STAGE (104 * 1024)   // most dynamic shared memory a block's stages take (2 blocks an SM)
 
 // positions per partial: at least 32, at most HC_PARTS_MAX partials; fixed by N alone
 static inline int hc_rows_per_part(size_t N) {
@@ -80,41 +70,18 @@ __device__ inline void hc_load_g8(float gf[8], const floatX *g) {
     }
 }
 
-// Staging (v4): cp.async copies of a position's rows into shared memory, 16 bytes a lane, the warp's
-// 32 lanes on consecutive 16-byte chunks (512 contiguous bytes an instruction). A lane later reads
-// chunks other lanes copied, so every wait is followed by __syncwarp; the copies go to L2 only (.cg).
-__device__ inline void hc_cp16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ inline void hc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// waits until at most K of this thread's committed copy groups are still in flight
-template <int K> __device__ inline void hc_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(K) : "memory"); }
-// the warp copies bytes (a multiple of 16, both ends 16-byte aligned) from global src to shared dst
-__device__ inline void hc_warp_cp(void *dst, const void *src, size_t bytes, int lane) {
-    for (size_t i = (size_t)lane * 16; i < bytes; i += 512) {
-        hc_cp16((char *)dst + i, (const char *)src + i);
-    }
-}
-
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
 // Xn, in the order the backward recomputes it), then u = h s g (floatX) and rstd = s, s = 1 /
 // sqrt(mean(h^2) + 1e-6) as std's norm (rmsnorm.cuh). o = NULL: no update, Xn = X is not
 // written (the read and its norm alone). xb = 1: X is (N, C), the n equal streams X_0 =
 // wte[token] (never stored as n copies). Lane l: packs l + 32 q (q < NPK) of 8 channels.
-// A persistent grid: warp gw of W takes positions gw, gw + W, ... With STAGE, each warp keeps a
-// ring of HC_FWD_STAGES positions' inputs (X's row, o's row) in shared memory and copies position
-// k + HC_FWD_STAGES - 1 in before it computes position k, so HC_FWD_STAGES - 1 positions' loads
-// stay in flight through the compute, the warp sum and the stores (without STAGE: direct loads,
-// for shapes whose ring would not fit). The arithmetic per position is v3's, so the outputs are
-// bit-identical to v3's.
-template <int NS, int NPK, bool STAGE>
-__global__ void __launch_bounds__(32 * HC_FWD_WARPS)
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
 hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o, const float *A,
                            const float *beta, const float *w, const floatX *g, size_t N, int C, int xb) {
-    extern __shared__ __align__(16) unsigned char hc_fsh[];   // (HC_FWD_WARPS, HC_FWD_STAGES, stage bytes)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t W = (size_t)gridDim.x * HC_FWD_WARPS, gw = (size_t)blockIdx.x * HC_FWD_WARPS + warp;
+    const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (p >= N) { return; }
     float a[NS][NS], b[NS], wr[NS];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
@@ -123,126 +90,87 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 #pragma unroll
         for (int s = 0; s < NS; s++) { a[r][s] = o ? A[r * NS + s] : (r == s ? 1.0f : 0.0f); }
     }
-    const size_t xrow = (size_t)(xb ? 1 : NS) * C;   // X's elements a position
-    const size_t sx = xrow * sizeof(floatX), stage = sx + (o ? C * sizeof(floatX) : 0);
-    unsigned char *ring = hc_fsh + (size_t)warp * HC_FWD_STAGES * stage;
-    // copies position gw + k W (when it exists) into slot k % HC_FWD_STAGES; one group either way
-    auto issue = [&](size_t k) {
-        const size_t p = gw + k * W;
-        if (p < N) {
-            unsigned char *slot = ring + (k % HC_FWD_STAGES) * stage;
-            hc_warp_cp(slot, X + p * xrow, sx, lane);
-            if (o) { hc_warp_cp(slot + sx, o + p * C, C * sizeof(floatX), lane); }
+    float hv[NPK][8], ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { hv[q][k] = 0.0f; }
+        if (c0 >= C) { continue; }
+        float x[NS][8], ov[8];
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { x[s][k] = toF(v.x[k]); }
         }
-        hc_cp_commit();
-    };
-    if constexpr (STAGE) {
-        for (int k = 0; k < HC_FWD_STAGES - 1; k++) { issue(k); }
-    }
-    for (size_t k = 0;; k++) {
-        const size_t p = gw + k * W;
-        if (p >= N) { break; }
-        const floatX *xs, *os;   // this position's X row and o row
-        if constexpr (STAGE) {
-            issue(k + HC_FWD_STAGES - 1);   // into the slot position k - 1 used (freed by the __syncwarp below)
-            hc_cp_wait<HC_FWD_STAGES - 1>();
-            __syncwarp();
-            xs = (const floatX *)(ring + (k % HC_FWD_STAGES) * stage);
-            os = (const floatX *)(ring + (k % HC_FWD_STAGES) * stage + sx);
-        } else {
-            xs = X + p * xrow;
-            os = o ? o + p * C : NULL;
+        if (o) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
         }
-        float hv[NPK][8], ss = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NPK; q++) {
-            const int c0 = (lane + 32 * q) * 8;
+        for (int r = 0; r < NS; r++) {   // X'_r = sum_s A[r,s] X_s + beta[r] o;  h += w[r] X'_r
+            HcPackX y;
 #pragma unroll
-            for (int k2 = 0; k2 < 8; k2++) { hv[q][k2] = 0.0f; }
-            if (c0 >= C) { continue; }
-            float x[NS][8], ov[8];
+            for (int k = 0; k < 8; k++) {
+                float v = x[r][k];
+                if (o) {
+                    v = b[r] * ov[k];
 #pragma unroll
-            for (int s = 0; s < NS; s++) {
-                HcPackX v = *reinterpret_cast<const HcPackX *>(xs + (xb ? 0 : s * C) + c0);
-#pragma unroll
-                for (int k2 = 0; k2 < 8; k2++) { x[s][k2] = toF(v.x[k2]); }
-            }
-            if (o) {
-                HcPackX v = *reinterpret_cast<const HcPackX *>(os + c0);
-#pragma unroll
-                for (int k2 = 0; k2 < 8; k2++) { ov[k2] = toF(v.x[k2]); }
-            }
-#pragma unroll
-            for (int r = 0; r < NS; r++) {   // X'_r = sum_s A[r,s] X_s + beta[r] o;  h += w[r] X'_r
-                HcPackX y;
-#pragma unroll
-                for (int k2 = 0; k2 < 8; k2++) {
-                    float v = x[r][k2];
-                    if (o) {
-                        v = b[r] * ov[k2];
-#pragma unroll
-                        for (int s = 0; s < NS; s++) { v += a[r][s] * x[s][k2]; }
-                    }
-                    y.x[k2] = fromF<floatX>(v);
-                    hv[q][k2] += wr[r] * toF(y.x[k2]);
+                    for (int s = 0; s < NS; s++) { v += a[r][s] * x[s][k]; }
                 }
-                if (o) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
+                y.x[k] = fromF<floatX>(v);
+                hv[q][k] += wr[r] * toF(y.x[k]);
             }
-#pragma unroll
-            for (int k2 = 0; k2 < 8; k2++) { ss += hv[q][k2] * hv[q][k2]; }
+            if (o) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
         }
-        if constexpr (STAGE) { __syncwarp(); }   // every lane has read the slot: the next issue may refill it
-        ss = warp_sum(ss);   // u = rmsnorm(h; g)
-        const float s = 1.0f / sqrtf(ss / C + 1e-6f);
-        if (lane == 0) { rstd[p] = s; }
 #pragma unroll
-        for (int q = 0; q < NPK; q++) {
-            const int c0 = (lane + 32 * q) * 8;
-            if (c0 >= C) { continue; }
-            float gf[8];
-            hc_load_g8(gf, g + c0);
-            HcPackX up;
+        for (int k = 0; k < 8; k++) { ss += hv[q][k] * hv[q][k]; }
+    }
+    ss = warp_sum(ss);   // u = rmsnorm(h; g)
+    const float s = 1.0f / sqrtf(ss / C + 1e-6f);
+    if (lane == 0) { rstd[p] = s; }
 #pragma unroll
-            for (int k2 = 0; k2 < 8; k2++) { up.x[k2] = fromF<floatX>(hv[q][k2] * s * gf[k2]); }
-            *reinterpret_cast<HcPackX *>(u + p * C + c0) = up;
-        }
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+        if (c0 >= C) { continue; }
+        float gf[8];
+        hc_load_g8(gf, g + c0);
+        HcPackX up;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { up.x[k] = fromF<floatX>(hv[q][k] * s * gf[k]); }
+        *reinterpret_cast<HcPackX *>(u + p * C + c0) = up;
     }
 }
 
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
 // file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
 // A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
-// Block b sums positions [b rows_per_part, (b+1) rows_per_part) (warp w: the positions w, w +
-// HC_WARPS, ... of it, in order) into partial (b, 2n + n^2): dw (n), dA (n, n), dbeta (n), and
-// gpart (b, C): dg. Xprev = NULL: sublayer 0 (streams X_0 = the embedding), dx0 (N, C) += sum_r
-// dX_0,r (the embedding's fp32 gradient); dout, dXp_out, o, A, beta unused; dA and dbeta are 0
-// (the reduction is then called with dw = NULL: at sublayer 0 every dw[r] is the same, and the
-// softmax's backward of equal dw is exactly 0). xb = 1: X is (N, C), X_0 (site 0's read). xpb = 1:
-// Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0). Each lane sums its terms
+// h_j = sum_r w[r] X_j,r is recomputed from X (xb = 1: X is (N, C), the n equal streams X_0).
+// Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
+// trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
+// gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
 // over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
 // dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
-// With STAGE, a warp copies its position's second-pass rows (dXp_in: 4nC bytes, Xprev: 2nC (2C
-// with xpb), o: 2C) into its shared-memory stage by cp.async when the position starts, so they
-// arrive during the first pass (X_j, du) and its warp sum: one memory round trip a position
-// instead of two. The second pass reads them from the stage, writes dXp_out over dXp_in there
-// (a lane's own chunks), and the warp stores the row to global in 512-byte coalesced runs. The
-// norm weight's gradient is summed in registers and goes through shared memory (over the stages)
-// only at the end. The arithmetic and the order of every sum are v3's: the outputs are
-// bit-identical to v3's.
-template <int NS, int NPK, bool STAGE>
-__global__ void __launch_bounds__(32 * HC_WARPS, NS <= 4 ? 2 : 1)
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
+// Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
+// c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
 hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
                                     const float *dXp_in, const float *du, const float *rstd, const floatX *g,
                                     const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
                                     const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
                                     int xpb) {
     constexpr int NP = 2 * NS + NS * NS;
-    // STAGE: (HC_WARPS, stage bytes); at the end (HC_WARPS, 256 NPK) floats of dg shares
-    extern __shared__ __align__(16) unsigned char hc_bsh[];
+    extern __shared__ float hc_gsh[];   // (HC_WARPS, 256 NPK)
     __shared__ float red[HC_WARPS][NP];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float a[NS][NS], b[NS], wr[NS], acc[NP], dgs[NPK][8];
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
         b[r] = Xprev ? beta[r] : 1.0f;
@@ -253,25 +181,9 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
     for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
 #pragma unroll
-    for (int q = 0; q < NPK; q++) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) { dgs[q][k] = 0.0f; }
-    }
-    const size_t xprow = (size_t)(xpb ? 1 : NS) * C;   // Xprev's elements a position
-    const size_t sdx = (size_t)NS * C * sizeof(float), sxp = xprow * sizeof(floatX);
-    unsigned char *stg = hc_bsh + (size_t)warp * (sdx + sxp + C * sizeof(floatX));
-    float *sdxp = (float *)stg;
-    const floatX *sxpv = (const floatX *)(stg + sdx), *sov = (const floatX *)(stg + sdx + sxp);
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
     const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
     for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
-        if constexpr (STAGE) {   // the second pass's rows, in flight during the first
-            if (dXp_in) { hc_warp_cp(sdxp, dXp_in + p * NS * C, sdx, lane); }
-            if (Xprev) {
-                hc_warp_cp(stg + sdx, Xprev + p * xprow, sxp, lane);
-                hc_warp_cp(stg + sdx + sxp, o + p * C, C * sizeof(floatX), lane);
-            }
-            hc_cp_commit();
-        }
         const float s = rstd[p];
         // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
         float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
@@ -297,7 +209,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
                 dug[q][k] = d0.x[k] * gf[k];
                 gwx += dug[q][k] * h[q][k];
-                dgs[q][k] += d0.x[k] * h[q][k] * s;
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
 #pragma unroll
                 for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
             }
@@ -306,20 +218,6 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
         const float k3 = s * s * s / C * gwx;
 #pragma unroll
         for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
-        // the second pass's rows: the stage (STAGE) or global memory
-        const float *dxi;
-        float *dxo;
-        const floatX *xpv, *ovv;
-        if constexpr (STAGE) {
-            hc_cp_wait<0>();
-            __syncwarp();
-            dxi = sdxp; dxo = sdxp; xpv = sxpv; ovv = sov;
-        } else {
-            dxi = dXp_in ? dXp_in + p * NS * C : NULL;
-            dxo = dXp_out ? dXp_out + p * NS * C : NULL;
-            xpv = Xprev ? Xprev + p * xprow : NULL;
-            ovv = o ? o + p * C : NULL;
-        }
         // pass 2: dh, then the read's and the update's backward
 #pragma unroll
         for (int q = 0; q < NPK; q++) {
@@ -329,7 +227,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
             for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
                 HcPackF dv;
-                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dxi + r * C + c0); }
+                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
@@ -347,7 +245,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             }
             HcPackX op;
             float ov[8];
-            HcPackX o0 = *reinterpret_cast<const HcPackX *>(ovv + c0);
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
             for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
 #pragma unroll
@@ -360,7 +258,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
             for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(xpv + (xpb ? 0 : s2 * C) + c0);
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
                 HcPackF out;
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -369,19 +267,8 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                     for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
                     out.x[k] = v;
                 }
-                // in the stage, over this lane's own dXp_in chunks of this pack (read above)
-                *reinterpret_cast<HcPackF *>(dxo + s2 * C + c0) = out;
+                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out;
             }
-        }
-        if constexpr (STAGE) {   // the warp stores the staged dXp_out row, 512 contiguous bytes an instruction
-            __syncwarp();
-            if (Xprev) {
-                float *dst = dXp_out + p * NS * C;
-                for (size_t i = (size_t)lane * 4; i < (size_t)NS * C; i += 128) {
-                    *reinterpret_cast<float4 *>(dst + i) = *reinterpret_cast<const float4 *>(sdxp + i);
-                }
-            }
-            __syncwarp();   // the stage is free for the next position's copies
         }
     }
     // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
@@ -390,13 +277,6 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
     if (lane == 0) {
 #pragma unroll
         for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
-    }
-    float *gsh = (float *)hc_bsh;   // (HC_WARPS, 256 NPK): lane l's dg shares at stride 32 (no bank conflicts)
-    if constexpr (STAGE) { __syncthreads(); }   // every warp is done with its stage, which the shares overwrite
-#pragma unroll
-    for (int q = 0; q < NPK; q++) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) { gsh[(size_t)warp * 256 * NPK + 32 * (8 * q + k) + lane] = dgs[q][k]; }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < NP; i += blockDim.x) {
@@ -407,7 +287,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
         float t = 0.0f;
-        for (int k = 0; k < HC_WARPS; k++) { t += gsh[(size_t)k * 256 * NPK + i]; }
+        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
         gpart[(size_t)blockIdx.x * C + c] = t;
     }
 }
@@ -415,11 +295,10 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 // The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
 // rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
 // NP + c of the norm's (P, C) after them. Block (32 columns) x (32 partial lanes): lane y sums
-// partials y, y + 32, ... in order, then the 32 lane sums are added in lane order. A lane issues
-// all its loads (P <= HC_PARTS_MAX: at most 32) before its first addition, so they are in flight
-// together. Column i goes to dw[i] (i < n), dA[i - n] (i < n + n^2), dbeta, then dg (each +=
-// when not NULL). Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's
-// backward dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
+// partials y, y + 32, ... in order, then the 32 lane sums are added in lane order. Column i
+// goes to dw[i] (i < n), dA[i - n] (i < n + n^2), dbeta, then dg (each += when not NULL).
+// Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's backward
+// dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
 // hc_weights_backward). Grid ceil((NP + C) / 32).
 __global__ void __launch_bounds__(1024) hc_reduce_kernel(float *dw, float *dA, float *dbeta, float *dg, float *dalpha,
                                                          const float *w, const float *partial, int P, int n, int C) {
@@ -429,16 +308,9 @@ __global__ void __launch_bounds__(1024) hc_reduce_kernel(float *dw, float *dA, f
     size_t stride = 0;
     if (i < NP) { col = partial + i; stride = NP; }
     else if (i < NP + C) { col = partial + (size_t)P * NP + (i - NP); stride = C; }
-    float v[HC_PARTS_MAX / 32];
-#pragma unroll
-    for (int k = 0; k < HC_PARTS_MAX / 32; k++) {
-        const int p = threadIdx.y + 32 * k;
-        v[k] = (col && p < P) ? col[(size_t)p * stride] : 0.0f;
-    }
     float t = 0.0f;
-#pragma unroll
-    for (int k = 0; k < HC_PARTS_MAX / 32; k++) {
-        if (col && threadIdx.y + 32 * k < P) { t += v[k]; }
+    if (col) {
+        for (int p = threadIdx.y; p < P; p += 32) { t += col[(size_t)p * stride]; }
     }
     sh[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
@@ -513,55 +385,17 @@ template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) 
     else { f(std::integral_constant<int, 8>()); }
 }
 
-// The blocks of `kernel` (threads each, smem dynamic bytes) resident on the current device at
-// once, all multiprocessors together (the persistent grid); sets the kernel's dynamic shared
-// memory limit first when smem needs it. Asked of the runtime once per kernel, size and device,
-// then kept (launches stay free of host queries; the trainer and the labs are single-threaded).
-template <typename K> static unsigned hc_kernel_blocks(K kernel, int threads, size_t smem) {
-    struct Seen { const void *kernel; size_t smem; int threads, dev; unsigned blocks; };
-    static Seen seen[64];
-    static int nseen = 0;
-    int dev = 0;
-    cudaCheck(cudaGetDevice(&dev));
-    for (int i = 0; i < nseen; i++) {
-        const Seen &e = seen[i];
-        if (e.kernel == (const void *)kernel && e.smem == smem && e.threads == threads && e.dev == dev) {
-            return e.blocks;
-        }
-    }
-    if (smem > 48 * 1024) {
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
-    int sms = 0, per_sm = 0;
-    cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const unsigned blocks = (unsigned)sms * (unsigned)(per_sm > 0 ? per_sm : 1);
-    if (nseen < 64) { seen[nseen++] = {(const void *)kernel, smem, threads, dev, blocks}; }
-    return blocks;
-}
-
 // Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r,
 // u = rmsnorm(h; g) (N, C) and its rstd (N). o = NULL: the read and norm alone (h = sum_r
 // w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C), standing for the n equal streams
-// X_0 (j = 0). Staged (the ring in shared memory) when the ring fits HC_SMEM_STAGE bytes a block.
+// X_0 (j = 0).
 static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
                                         const float *A, const float *beta, const float *w, const floatX *g, size_t N,
                                         int C, int n, int xb = 0, cudaStream_t st = 0) {
-    const size_t stage = ((size_t)(xb ? 1 : n) * C + (o ? C : 0)) * sizeof(floatX);
-    const size_t ring = (size_t)HC_FWD_WARPS * HC_FWD_STAGES * stage;
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, g, [&](auto npk) {
-            constexpr int NS = decltype(ns)::value, NPK = decltype(npk)::value;
-            const unsigned want = ceil_div(N, HC_FWD_WARPS);   // blocks with a position for every warp
-            if (ring <= HC_SMEM_STAGE) {
-                auto kernel = hc_update_read_norm_kernel<NS, NPK, true>;
-                const unsigned res = hc_kernel_blocks(kernel, 32 * HC_FWD_WARPS, ring), grid = res < want ? res : want;
-                kernel<<<grid, 32 * HC_FWD_WARPS, ring, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
-            } else {
-                auto kernel = hc_update_read_norm_kernel<NS, NPK, false>;
-                const unsigned res = hc_kernel_blocks(kernel, 32 * HC_FWD_WARPS, 0), grid = res < want ? res : want;
-                kernel<<<grid, 32 * HC_FWD_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
-            }
+            hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value>
+                <<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
         });
     });
     launchCheck();
@@ -582,8 +416,7 @@ static size_t hc_partial_floats(size_t N, int n, int C) {
 // Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass
 // dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
 // Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
-// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch. Staged (the second pass's
-// rows through shared memory) when HC_WARPS stages fit HC_SMEM_STAGE bytes.
+// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch.
 static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha,
                                          float *dA, float *dbeta, float *dg, float *partial, const float *dXp_in,
                                          const float *du, const float *rstd, const floatX *g, const floatX *X,
@@ -592,17 +425,13 @@ static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx
                                          cudaStream_t st = 0) {
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
-    // a warp's stage: dXp (4nC bytes), Xprev (2nC, or 2C with xpb), o (2C); the kernel lays it out alike
-    const size_t stages = (size_t)HC_WARPS * ((size_t)4 * n * C + 2 * (size_t)(xpb ? 1 : n) * C + 2 * (size_t)C);
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, g, [&](auto npk) {
-            constexpr int NS = decltype(ns)::value, NPK = decltype(npk)::value;
-            const size_t shares = (size_t)HC_WARPS * 256 * NPK * sizeof(float);
-            const bool staged = stages <= HC_SMEM_STAGE;
-            const size_t smem = staged && stages > shares ? stages : shares;
-            auto kernel = staged ? hc_norm_read_update_backward_kernel<NS, NPK, true>
-                                 : hc_norm_read_update_backward_kernel<NS, NPK, false>;
-            hc_kernel_blocks(kernel, 32 * HC_WARPS, smem);   // sets the shared memory limit (once)
+            const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_kernel<decltype(ns)::value, decltype(npk)::value>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
             kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
                                                    Xprev, o, A, beta, N, C, rows, xb, xpb);
         });
@@ -619,4 +448,3 @@ static void hc_prepare(float *w, float *A32, float *beta32, const Tp *alpha, con
     hc_prepare_kernel<Tp><<<ceil_div(J2 + 1, 32), 32, 0, st>>>(w, A32, beta32, alpha, A, beta, J2, n);
     launchCheck();
 }
-

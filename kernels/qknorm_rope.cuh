@@ -3,9 +3,8 @@
 // The backward writes dinp (floatX) from dout (fp32) and adds dw from partials.
 // One predicate, qk_packed_dispatch (HD/PACK a power of two from 2 to 32, rows
 // 16-byte aligned), picks the kernels:
-//  - fast: a lane owns one 16-byte pack of a row (of 2 rows in the forward, every
-//    load issued first); the rotate-half partner is one shuffle away. Lab
-//    dev/cuda/elementwise.cu qk v4 (forward) and v3 (backward).
+//  - fast: a lane owns one 16-byte pack of a row; the rotate-half partner is one
+//    shuffle away. Lab dev/cuda/elementwise.cu qk v3.
 //  - fallback: one warp per row, lane j holds the pairs j, j + 32, ... (bf16 HD = 8,
 //    fp32 HD = 256). Lab dev/cuda/elementwise.cu qk v2.
 #pragma once
@@ -17,8 +16,7 @@
 // cosv, sinv (T, HD/2). The rows (b, t, h) hold HD values each; rows = B*T*nh.
 //
 // Two kernel pairs, from the kernel lab dev/cuda/elementwise.cu (NOTES_elementwise.md):
-//  - packed (the lab's v4 forward, v3 backward): a lane owns one 16-byte pack of a
-//    row (PACK values; the forward's lane a pack of QK_FWD_RPL rows),
+//  - packed (the lab's v3): a lane owns one 16-byte pack of a row (PACK values),
 //    so G = HD/PACK lanes hold a row and a warp holds 32/G rows. The rotate-half
 //    partner of value j < HD/2 is j + HD/2, in pack p + G/2: lane ^ (G/2). The
 //    row sums are butterflies over the row's G lanes. It runs where G is a power
@@ -30,75 +28,49 @@
 // per-partition partials, which are then summed in a fixed order: deterministic.
 
 // Packed forward: out (rows, HD) = rope(rmsnorm(inp; w)), rstd (rows) kept for
-// the backward; out may not alias inp. A lane takes QK_FWD_RPL rows: the rows
-// base + r * 32/G + lane / G, r < QK_FWD_RPL (a warp instruction covers 32/G
-// consecutive rows), so a block of 8 warps takes 8 * 32/G * QK_FWD_RPL rows.
-// Every load (the rows' packs, w, the angles) is issued before any is used, so a
-// lane has QK_FWD_RPL x 16 bytes of HBM in flight and the angle loads (L2) wait
-// under the data's latency instead of after it; __launch_bounds__(256, 4): 4
-// blocks an SM, 64 registers. A lane and its rotate-half partner need the same
-// PACK angles: the first-half lane loads their cosines, the second-half lane their
-// sines, and they swap by shuffles (half the registers in flight). Lab
-// dev/cuda/elementwise.cu qk v4 (forward; the backward is qk v3).
-#define QK_FWD_RPL 2
+// the backward; out may not alias inp. A block of 8 warps takes 8 * 32/G rows.
 template <int HD>
-__global__ void __launch_bounds__(256, 4)
+__global__ void __launch_bounds__(256)
 qknorm_rope_forward_packed_kernel(floatX *out, float *rstd, const floatX *inp, const floatX *w, const float *cosv,
                                   const float *sinv, size_t rows, int T, int nh) {
-    constexpr int G = HD / PACK, RPW = 32 / G, HALF = HD / 2, RPL = QK_FWD_RPL;
+    constexpr int G = HD / PACK, RPW = 32 / G, HALF = HD / 2;
     static_assert(HD % (2 * PACK) == 0 && G <= 32 && 32 % G == 0, "packed QK-norm: HD/PACK must be 2, 4, .. 32");
     const int lane = threadIdx.x % 32, p = lane % G;
-    const size_t base = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * RPW * RPL + lane / G;
-    const int j0 = (p * PACK) % HALF;
-    const bool first = p < G / 2;   // out1 = y1 c - y2 sn (first half), out2 = y2 c + y1 sn
-    const float *tab = first ? cosv : sinv;   // this lane's half of the angles' values
-    Pack xp[RPL];
-    float a[RPL][PACK];
-    #pragma unroll
-    for (int r = 0; r < RPL; r++) {   // every load first
-        const size_t n = base + (size_t)r * RPW;
-        if (n < rows) {
-            xp[r] = reinterpret_cast<const Pack *>(inp + n * HD)[p];
-            ld_pack_f32(a[r], tab + (size_t)((n / nh) % T) * HALF + j0);
-        } else {
-            #pragma unroll
-            for (int e = 0; e < PACK; e++) { a[r][e] = 0.0f; }
-        }
+    const size_t n = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * RPW + lane / G;
+    const bool valid = n < rows;   // no early return: every lane takes part in the shuffles
+    float x[PACK], wv[PACK], ss = 0.0f;
+    if (valid) {
+        const Pack xp = reinterpret_cast<const Pack *>(inp + n * HD)[p];
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { x[e] = toF(xp.v[e]); }
+    } else {
+        #pragma unroll
+        for (int e = 0; e < PACK; e++) { x[e] = 0.0f; }
     }
     const Pack wp = reinterpret_cast<const Pack *>(w)[p];
-    float wv[PACK];
     #pragma unroll
-    for (int e = 0; e < PACK; e++) { wv[e] = toF(wp.v[e]); }
+    for (int e = 0; e < PACK; e++) { wv[e] = toF(wp.v[e]); ss += x[e] * x[e]; }
     #pragma unroll
-    for (int r = 0; r < RPL; r++) {
-        const size_t n = base + (size_t)r * RPW;
-        const bool valid = n < rows;   // no early return: every lane takes part in the shuffles
-        float x[PACK], ss = 0.0f;
-        #pragma unroll
-        for (int e = 0; e < PACK; e++) { x[e] = valid ? toF(xp[r].v[e]) : 0.0f; }
-        #pragma unroll
-        for (int e = 0; e < PACK; e++) { ss += x[e] * x[e]; }
-        #pragma unroll
-        for (int o = G / 2; o > 0; o >>= 1) { ss += __shfl_xor_sync(0xffffffffu, ss, o); }
-        const float s = 1.0f / sqrtf(ss / HD + 1e-6f);
-        float y[PACK], yo[PACK], ao[PACK];
-        #pragma unroll
-        for (int e = 0; e < PACK; e++) { y[e] = x[e] * s * wv[e]; }                                 // the norm
-        #pragma unroll
-        for (int e = 0; e < PACK; e++) { yo[e] = __shfl_xor_sync(0xffffffffu, y[e], G / 2); }     // the partner's
-        #pragma unroll
-        for (int e = 0; e < PACK; e++) { ao[e] = __shfl_xor_sync(0xffffffffu, a[r][e], G / 2); }  // its angles' half
-        if (valid) {
-            Pack op;
-            #pragma unroll
-            for (int e = 0; e < PACK; e++) {
-                const float c = first ? a[r][e] : ao[e], sn = first ? ao[e] : a[r][e];
-                op.v[e] = fromF<floatX>(first ? y[e] * c - yo[e] * sn : y[e] * c + yo[e] * sn);
-            }
-            reinterpret_cast<Pack *>(out + n * HD)[p] = op;
-            if (p == 0) { rstd[n] = s; }
-        }
+    for (int o = G / 2; o > 0; o >>= 1) { ss += __shfl_xor_sync(0xffffffffu, ss, o); }
+    const float s = 1.0f / sqrtf(ss / HD + 1e-6f);
+    float y[PACK], yo[PACK];
+    #pragma unroll
+    for (int e = 0; e < PACK; e++) { y[e] = x[e] * s * wv[e]; }                               // the norm
+    #pragma unroll
+    for (int e = 0; e < PACK; e++) { yo[e] = __shfl_xor_sync(0xffffffffu, y[e], G / 2); }   // the partner's
+    if (!valid) { return; }
+    const int t = (int)((n / nh) % T), j0 = (p * PACK) % HALF;
+    float c[PACK], sn[PACK];
+    ld_pack_f32(c, cosv + (size_t)t * HALF + j0);
+    ld_pack_f32(sn, sinv + (size_t)t * HALF + j0);
+    const bool first = p < G / 2;   // out1 = y1 c - y2 sn (first half), out2 = y2 c + y1 sn
+    Pack op;
+    #pragma unroll
+    for (int e = 0; e < PACK; e++) {
+        op.v[e] = fromF<floatX>(first ? y[e] * c[e] - yo[e] * sn[e] : y[e] * c[e] + yo[e] * sn[e]);
     }
+    reinterpret_cast<Pack *>(out + n * HD)[p] = op;
+    if (p == 0) { rstd[n] = s; }
 }
 
 // Packed backward: dinp (rows, HD) = gradient of inp (written), given dout (fp32);
@@ -305,8 +277,8 @@ void qknorm_rope_forward(floatX *out, float *rstd, const floatX *inp, const floa
     uintptr_t bits = (uintptr_t)out | (uintptr_t)inp | (uintptr_t)w | (uintptr_t)cosv | (uintptr_t)sinv;
     bool packed = qk_packed_dispatch(HD, bits, [&](auto dim) {
         constexpr int D = decltype(dim)::hd, RPW = 32 / (D / PACK);
-        qknorm_rope_forward_packed_kernel<D><<<ceil_div(rows, 8 * RPW * QK_FWD_RPL), 256>>>(out, rstd, inp, w, cosv,
-                                                                                            sinv, rows, T, nh);
+        qknorm_rope_forward_packed_kernel<D><<<ceil_div(rows, 8 * RPW), 256>>>(out, rstd, inp, w, cosv, sinv, rows,
+                                                                               T, nh);
     });
     if (!packed) {
         qknorm_rope_forward_kernel<<<ceil_div(rows, 8), 256>>>(out, rstd, inp, w, cosv, sinv, rows, T, nh, HD);

@@ -97,8 +97,8 @@ Predicted for bwd v3 (100m, 24 calls; model in NOTES_residual.md, "bwd v3"):
 1.83 ms (v2 2.036; floor 1.611): ~0.11 ms from the dw reductions (24 launches
 of ~5 us each, the reduction and the gaps on either side, become one of ~8 us
 that reads the 24 MB of partials back), ~0.10 ms from the loads a row ahead (the
-less certain half). Built and run with --cpu-selftest here, without a GPU;
-written, not yet run on a GPU.
+less certain half). Measured on the H200 (2026-12-02): v3 1.715 ms, v4 1.712, v2
+2.042; the row ahead gave nothing, the one reduction 0.08 ms (NOTES_residual.md).
 
 STATUS (H200, 2026-11-29; dev/results/lab/residual_h200_2026-11-29.txt): --check all
 PASS on 6 shapes for fwd and bwd, v1 and v2, repeats bit-identical, v2's

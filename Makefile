@@ -201,11 +201,14 @@ train_mhar_gpu_bf16.o: train_mhar.cu $(HEADERS) $(KERNELS)
 	$(NVCC) $(NVCCFLAGS) -DTESTING -c -o $@ $<
 
 # the kernel lab (dev/cuda/): each file validates and times its own versions on a GPU
-LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual dev/cuda/hc dev/cuda/delta
+LAB_BINS = dev/cuda/attention dev/cuda/route dev/cuda/elementwise dev/cuda/residual dev/cuda/hc dev/cuda/delta \
+           dev/cuda/matmul
 dev/cuda/%: dev/cuda/%.cu dev/cuda/lab_util.cuh $(HEADERS) $(KERNELS)
 	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $<
 dev/cuda/hc: kernels/hc.cuh
 dev/cuda/delta: kernels/delta.cuh
+dev/cuda/matmul: dev/cuda/matmul.cu dev/cuda/lab_util.cuh
+	$(NVCC) -O3 -arch=$(GPU_ARCH) -o $@ $< -lcublas -lcublasLt
 .PHONY: lab
 lab: $(LAB_BINS)
 

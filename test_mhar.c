@@ -1359,7 +1359,7 @@ static void check_gpu_delta_binaries(void) {
 }
 
 // One entry of check_gpu's list (fields below, where the list is)
-// deep: the bf16 forward/backward tolerances times 4 (see the "C=256 L=17" case)
+// deep: the forward/backward tolerances times 4, in both precisions (see the "C=256 L=17" case)
 typedef struct { const char *name; Config cfg; int tiny, steps, quick, deep; } GpuCase;
 
 // Precision p (0: fp32, 1: bf16) of case gc, unless the quick subset leaves it out; its name gets suffix
@@ -1369,7 +1369,7 @@ static void check_gpu_case(const GpuCase *gc, const GpuPrecision *precs, const G
     char name[64];
     snprintf(name, sizeof(name), "%s%s", gc->name, suffix);
     GpuPrecision P = gc->tiny ? precs[p] : flash[p];
-    if (gc->deep && p == 1) { P.tol_loss *= 4; P.tol_logits *= 4; P.tol_grad *= 4; }
+    if (gc->deep) { P.tol_loss *= 4; P.tol_logits *= 4; P.tol_grad *= 4; }
     check_gpu_model(name, gc->cfg, &P, quick ? 2 : gc->steps);
 }
 
@@ -1482,7 +1482,9 @@ static void check_gpu(void) {
         // this check's float64 side (4 seeds): loss up to 1.8e-3, logits 9.6e-2, gradients 2.9e-1
         // (C=512 H=8 at L=2: 1.4e-3, 2.3e-2, 4.5e-2). The H200 measured 2.3e-3, 1.3e-1, 2.1e-1 in
         // bf16, so bf16 gets 4x the layout tolerances here; its training steps (from the 0.02
-        // initialisation) keep theirs.
+        // initialisation) keep theirs. fp32 too: one fp32 rounding of the parameters moves the
+        // gradients by up to 4.2e-6 here (6.8e-7 at C=512 H=8, same tool), and the H200 measured
+        // 1.0e-5 (wu) once the gate/up matmul became one product (7.9e-6, rq, before).
         {"C=256 L=17", gpu_layout_config_L(256, 1, 17), 0, 2, 0, 1},
         // delta (SPEC section 9): tiny, blocks of 2 (3 whole blocks) and of 4 (one whole, one
         // trailing partial), and the 100M layout C=512 H=8 with blocks of 2 (L = 2: 2 blocks)

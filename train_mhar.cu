@@ -118,6 +118,18 @@ namespace {   // everything but the API and main is internal to this object
 // Named views into one allocation, in checkpoint order (config.h's enum):
 // ParamTensors<floatX> for the weights the kernels read, ParamTensors<float>
 // for the fp32 master weights and gradients.
+//
+// The GPU order. The flat arrays on the device (master, floatX copy, gradients, AdamW
+// state) hold the checkpoint's tensors in the checkpoint's order but for two runs of
+// them, wq wk wv and wg wu (each (L, rows, C)). There the device keeps each layer's
+// matrices together, layer after layer:
+//   wqkv_l = [wq_l; wk_l; wv_l]  (QD + 2 KVD, C)      wgu_l = [wg_l; wu_l]  (2F, C)
+// so that a sublayer's input projections are one matmul each way. Above all, their
+// input gradient then sums over all QD + 2 KVD (or 2F) outputs in one product, where
+// one product per matrix would write dln once and read and add to it once per further
+// matrix (fp32, N x C each time). The pointers wq and wg point at layer 0's wqkv and
+// wgu (w_qkv, w_gu below); wk, wv and wu are NULL. Every copy between host and device
+// goes through params_reorder.
 template <typename T> struct ParamTensors {
     T *wte, *ln1w, *wq, *wk, *wv, *qnw, *knw, *wo, *ln2w, *wg, *wu, *wd, *lnfw, *rq, *rg;
     T *hcalpha, *hca, *hcbeta, *dnull, *dalpha;
@@ -128,12 +140,52 @@ template <typename T> void point_params(ParamTensors<T> *p, T *mem, const size_t
                                    &p->wo, &p->ln2w, &p->wg, &p->wu, &p->wd, &p->lnfw, &p->rq, &p->rg,
                                    &p->hcalpha, &p->hca, &p->hcbeta, &p->dnull, &p->dalpha};
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) { *ptrs[i] = mem; mem += sizes[i]; }
+    p->wk = p->wv = p->wu = NULL;   // inside wqkv and wgu (the GPU order)
+}
+// layer l's [Wq; Wk; Wv] (QD + 2 KVD, C) and [Wg; Wu] (2F, C), in the GPU order
+template <typename T> T *w_qkv(const ParamTensors<T> *p, const Config *c, int l) {
+    return p->wq + (size_t)l * (c->NH + 2 * c->NKV) * c->HD * c->C;
+}
+template <typename T> T *w_gu(const ParamTensors<T> *p, const Config *c, int l) {
+    return p->wg + (size_t)l * 2 * c->F * c->C;
+}
+// the GPU order's runs: the first tensor and how many follow it
+static const int GPU_RUNS[2][2] = {{P_WQ, 3}, {P_WG, 2}};
+
+// Permutes host, the first n floats of a flat parameter array (the whole array, or a
+// leading part that holds both runs), from the checkpoint's order to the GPU's
+// (to_gpu = 1) or back (0).
+static void params_reorder(const Config *c, float *host, size_t n, int to_gpu) {
+    size_t sizes[NUM_PARAM_TENSORS];
+    param_sizes(c, sizes);
+    for (int r = 0; r < 2; r++) {
+        const int first = GPU_RUNS[r][0], count = GPU_RUNS[r][1];
+        size_t off = 0;
+        for (int t = 0; t < first; t++) { off += sizes[t]; }
+        size_t run = 0, layer = 0;   // floats in the run, in one layer of it
+        for (int t = first; t < first + count; t++) { run += sizes[t]; layer += sizes[t] / c->L; }
+        if (off + run > n) { die("internal: params_reorder over %zu floats, the run ends at %zu", n, off + run); }
+        float *src = (float *)malloc_check(run * sizeof(float)), *dst = host + off;
+        memcpy(src, dst, run * sizeof(float));
+        size_t file_at = 0, in_layer = 0;   // tensor t's start in the checkpoint's run, and in a GPU layer
+        for (int t = first; t < first + count; t++) {
+            const size_t rows = sizes[t] / c->L;   // floats of tensor t in one layer
+            for (int l = 0; l < c->L; l++) {
+                size_t f = file_at + l * rows, g = l * layer + in_layer;   // its layer l, in either order
+                if (to_gpu) { memcpy(dst + g, src + f, rows * sizeof(float)); }
+                else { memcpy(dst + f, src + g, rows * sizeof(float)); }
+            }
+            file_at += sizes[t];
+            in_layer += rows;
+        }
+        free(src);
+    }
 }
 
 // Forward activations kept for backward, in one device allocation. N = B*T
 // positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
 // floatX unless marked fp32.
-#define NUM_ACT_TENSORS 29
+#define NUM_ACT_TENSORS 28
 typedef struct {
     floatX *slots;  // (NS, N, C) sources v_i / block sums (mhar), residual stream x_j (std, delta), then
                     //            delta's null source and block sums b_k (NS = num_slots, config.h)
@@ -164,8 +216,8 @@ typedef struct {
     float *k_rstd;  // (L, N, NKV) fp32
     float *att_lse; // (L, B, NH, T)  fp32 log-sum-exp of each attention row (the CPU keeps att)
     floatX *atty;   // (L, N, QD)  attention output before Wo
-    floatX *mg;     // (L, N, F)  gate pre-activation Wg u
-    floatX *mu;     // (L, N, F)  up projection Wu u
+    floatX *mgu;    // (L, N, 2F)  [mg | mu] a row: the gate pre-activation Wg u, then the up
+                    //             projection Wu u (one matmul by [Wg; Wu]; train_mhar.c's mg, mu)
     floatX *mh;     // (L, N, F)  silu(mg) * mu
     floatX *out;    // (N, C)  output of the current sublayer when its slot chains (scratch; else the
                     //         sublayer writes its slot directly, and full mhar has none)
@@ -176,7 +228,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 27
+#define NUM_GRAD_ACT_TENSORS 24
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -186,12 +238,11 @@ typedef struct {
     floatX *dout;   // (N, C)  floatX copy of the gradient of the current sublayer's output
     floatX *datty;  // (N, QD)  gradient of the attention output (floatX: attention_sublayer_backward says why)
     float *dq;      // (N, QD)  grad of q (after QK-norm and RoPE)
-    floatX *dqr;    // (N, QD)  grad of the raw Wq u
     float *dk;      // (N, KVD)
-    floatX *dkr;    // (N, KVD)
-    floatX *dv;     // (N, KVD)
+    floatX *dqkv;   // (N, QD + 2 KVD)  [dqr | dkr | dv] a row: the grads of the raw Wq u, Wk u and of
+                    //                  v, the output of one matmul by [Wq; Wk; Wv] (w_qkv)
     floatX *dmh;    // (N, F)
-    floatX *dmg, *dmu;  // (N, F)
+    floatX *dmgu;   // (N, 2F)  [dmg | dmu] a row (as Acts.mgu)
     floatX *route_G;   // (J, N, C)  G_j = dL/dh_j of every site, kept for the slot gathers (mhar)
     float *route_S;    // (J, N, H)  G_j[h] . h_j[h] (mhar)
     float *route_dsr;  // (N, H, J rounded up to 4)  ds r of the slot being gathered, per reading site (mhar)
@@ -252,7 +303,11 @@ typedef struct {
 
 // Copy float32 host parameters (checkpoint layout) into the master and floatX copies.
 void model_set_params(Model *m, const float *host) {
-    cudaCheck(cudaMemcpy(m->params_mem, host, m->nparams * sizeof(float), cudaMemcpyHostToDevice));
+    float *tmp = (float *)malloc_check(m->nparams * sizeof(float));
+    memcpy(tmp, host, m->nparams * sizeof(float));
+    params_reorder(&m->cfg, tmp, m->nparams, 1);
+    cudaCheck(cudaMemcpy(m->params_mem, tmp, m->nparams * sizeof(float), cudaMemcpyHostToDevice));
+    free(tmp);
     if ((void *)m->paramsX_mem != (void *)m->params_mem) { cast(m->paramsX_mem, m->params_mem, m->nparams); }
 }
 
@@ -310,6 +365,13 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     point_params(&m->params, m->paramsX_mem, m->sizes);
     point_params(&m->master, m->params_mem, m->sizes);
     point_params(&m->grads, m->grads_mem, m->sizes);
+    for (int r = 0; r < 2; r++) {   // adamw_update treats the tensors of a GPU-order run alike
+        for (int t = GPU_RUNS[r][0]; t < GPU_RUNS[r][0] + GPU_RUNS[r][1]; t++) {
+            if (param_is_decayed(t) != param_is_decayed(GPU_RUNS[r][0]) || param_lr_scale(cfg, t, 2, 3) != 1) {
+                die("internal: tensor %d of a GPU-order run has its own weight decay or learning rate", t);
+            }
+        }
+    }
     float *init = (float *)malloc_check(m->nparams * sizeof(float));
     params_init(init, cfg, seed, init_std);
     model_set_params(m, init);
@@ -406,7 +468,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&a->q, L * N * QD, X}, {(void **)&a->k, L * N * KVD, X}, {(void **)&a->v, L * N * KVD, X},
         {(void **)&a->q_rstd, L * N * c->NH, S}, {(void **)&a->k_rstd, L * N * c->NKV, S},
         {(void **)&a->att_lse, L * N * c->NH, S}, {(void **)&a->atty, L * N * QD, X},
-        {(void **)&a->mg, L * N * F, X}, {(void **)&a->mu, L * N * F, X}, {(void **)&a->mh, L * N * F, X},
+        {(void **)&a->mgu, L * N * 2 * F, X}, {(void **)&a->mh, L * N * F, X},
         {(void **)&a->out, any_chain ? N * C : 0, X}, {(void **)&a->logits, N * c->Vp, X},
         {(void **)&a->losses, N, S}, {(void **)&a->ce_lse, N, S}};
     m->acts_mem = alloc_tensors(as, NUM_ACT_TENSORS);
@@ -422,10 +484,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
-        {(void **)&g->dq, N * QD, S}, {(void **)&g->dqr, N * QD, X},
-        {(void **)&g->dk, N * KVD, S}, {(void **)&g->dkr, N * KVD, X},
-        {(void **)&g->dv, N * KVD, X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmg, N * F, X},
-        {(void **)&g->dmu, N * F, X},
+        {(void **)&g->dq, N * QD, S}, {(void **)&g->dk, N * KVD, S},
+        {(void **)&g->dqkv, N * (QD + 2 * KVD), X}, {(void **)&g->dmh, N * F, X}, {(void **)&g->dmgu, N * 2 * F, X},
         {(void **)&g->route_G, routed ? J * N * C : 0, X}, {(void **)&g->route_S, routed ? J * N * c->H : 0, S},
         {(void **)&g->route_dsr, routed ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
@@ -482,10 +542,11 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
     float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
     float *lse = a->att_lse + l * N * c->NH;
     floatX *atty = a->atty + l * N * QD;
+    const floatX *wqkv = w_qkv(p, c, l);   // [Wq; Wk; Wv]
     op_range("fwd matmul qkv");
-    matmul_forward(qr, u, p->wq + l * QD * C, N, C, QD);
-    matmul_forward(kr, u, p->wk + l * KVD * C, N, C, KVD);
-    matmul_forward(v, u, p->wv + l * KVD * C, N, C, KVD);
+    matmul_forward(qr, u, wqkv, N, C, QD);
+    matmul_forward(kr, u, wqkv + QD * C, N, C, KVD);
+    matmul_forward(v, u, wqkv + (QD + KVD) * C, N, C, KVD);
     op_range("fwd qk-norm + rope");
     qknorm_rope_forward(q, q_rstd, qr, p->qnw + l * HD, m->rope_cos, m->rope_sin, B, T, c->NH, HD);
     qknorm_rope_forward(k, k_rstd, kr, p->knw + l * HD, m->rope_cos, m->rope_sin, B, T, c->NKV, HD);
@@ -495,8 +556,8 @@ void attention_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, i
     matmul_forward(out, atty, p->wo + l * C * QD, N, QD, C);
 }
 
-// dln (N, C) = gradient of the input u (set by the first matmul, then added
-// to), given dout (floatX); weight grads += but for Wq, Wk, Wv, which read u:
+// dln (N, C) = gradient of the input u (set by one matmul), given dout (floatX);
+// weight grads += but for Wq, Wk, Wv, which read u:
 // attention_sublayer_weight_backward adds those once the site's backward has
 // recomputed u (mhar keeps one u buffer)
 void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
@@ -505,12 +566,13 @@ void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int
     GradActs *g = &m->gacts;
     ParamTensors<floatX> *p = &m->params;
     ParamTensors<float> *dp = &m->grads;
-    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD;
+    size_t N = (size_t)B * T, C = c->C, HD = c->HD, QD = c->NH * HD, KVD = c->NKV * HD, QKVD = QD + 2 * KVD;
     floatX *qr = a->qr + l * N * QD, *kr = a->kr + l * N * KVD;
     floatX *q = a->q + l * N * QD, *k = a->k + l * N * KVD, *v = a->v + l * N * KVD;
     float *q_rstd = a->q_rstd + l * N * c->NH, *k_rstd = a->k_rstd + l * N * c->NKV;
     float *lse = a->att_lse + l * N * c->NH;
     floatX *atty = a->atty + l * N * QD;
+    floatX *dqr = g->dqkv, *dkr = g->dqkv + QD, *dv = g->dqkv + QD + KVD;   // column blocks of dqkv's rows
     // out = atty . Wo^T. datty is floatX: the matmul sums in fp32 and rounds
     // once; in the bf16 build the flash kernels take it as a bf16 wgmma operand
     // (TMA tiles) anyway, and their D = rowsum(datty * atty) then comes from the
@@ -523,31 +585,27 @@ void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int
     // bf16 at HD 64/128 on sm_90a: the wgmma dk/dv pass (a block owns 64 keys of
     // a kv head) and dq pass (64 query rows); each element written once
     op_range("bwd attention");
-    attention_backward(g->dq, g->dk, g->dv, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
+    attention_backward(g->dq, g->dk, dv, QKVD, g->att_D, g->datty, atty, lse, q, k, v, B, T, c->NH, c->NKV, HD);
     // q = rope(qn), k = rope(kn)
     op_range("bwd qk-norm + rope");
     // q = rope(rmsnorm(qr; qnw)), k = rope(rmsnorm(kr; knw)): writes dqr, dkr
-    qknorm_rope_backward(g->dqr, dp->qnw + l * HD, g->dq, qr, q_rstd, p->qnw + l * HD, m->rope_cos, m->rope_sin,
-                         B, T, c->NH, HD, g->partial);
-    qknorm_rope_backward(g->dkr, dp->knw + l * HD, g->dk, kr, k_rstd, p->knw + l * HD, m->rope_cos, m->rope_sin,
-                         B, T, c->NKV, HD, g->partial);
+    qknorm_rope_backward(dqr, dp->qnw + l * HD, g->dq, qr, q_rstd, p->qnw + l * HD, m->rope_cos, m->rope_sin,
+                         B, T, c->NH, HD, QKVD, g->partial);
+    qknorm_rope_backward(dkr, dp->knw + l * HD, g->dk, kr, k_rstd, p->knw + l * HD, m->rope_cos, m->rope_sin,
+                         B, T, c->NKV, HD, QKVD, g->partial);
     op_range("bwd matmul qkv");
-    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T: dln
-    matmul_backward_inp(g->dln, g->dqr, p->wq + l * QD * C, N, C, QD, DINP_SET);
-    matmul_backward_inp(g->dln, g->dkr, p->wk + l * KVD * C, N, C, KVD, DINP_ADD);
-    matmul_backward_inp(g->dln, g->dv, p->wv + l * KVD * C, N, C, KVD, DINP_ADD);
+    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T, i.e. [qr | kr | v] = u [Wq; Wk; Wv]^T: dln, in one product
+    matmul_backward_inp(g->dln, g->dqkv, w_qkv(p, c, l), N, C, QKVD, DINP_SET);
 }
 // the rest of its backward: dWq, dWk, dWv += from the dqr, dkr, dv it left and the input u
 void attention_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
     const Config *c = &m->cfg;
     GradActs *g = &m->gacts;
     ParamTensors<float> *dp = &m->grads;
-    size_t N = (size_t)B * T, C = c->C, QD = c->NH * c->HD, KVD = c->NKV * c->HD;
+    size_t N = (size_t)B * T, C = c->C, QKVD = (c->NH + 2 * c->NKV) * c->HD;
     op_range("bwd matmul qkv");
-    // qr = u Wq^T, kr = u Wk^T, v = u Wv^T: the weights
-    matmul_backward_weight(dp->wq + l * QD * C, g->dqr, u, N, C, QD);
-    matmul_backward_weight(dp->wk + l * KVD * C, g->dkr, u, N, C, KVD);
-    matmul_backward_weight(dp->wv + l * KVD * C, g->dv, u, N, C, KVD);
+    // [qr | kr | v] = u [Wq; Wk; Wv]^T: the weights, in one product
+    matmul_backward_weight(w_qkv(dp, c, l), g->dqkv, u, N, C, QKVD);
 }
 
 // MLP sublayer of block l: out (N, C) = Wd (silu(Wg u) * (Wu u))
@@ -556,17 +614,17 @@ void mlp_sublayer_forward(Model *m, int l, const floatX *u, floatX *out, int B, 
     Acts *a = &m->acts;
     ParamTensors<floatX> *p = &m->params;
     size_t N = (size_t)B * T, C = c->C, F = c->F;
-    floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    floatX *mgu = a->mgu + l * N * 2 * F, *mh = a->mh + l * N * F;
     op_range("fwd matmul gate/up");
-    matmul_forward(mg, u, p->wg + l * F * C, N, C, F);
-    matmul_forward(mu, u, p->wu + l * F * C, N, C, F);
+    // mg = u Wg^T, mu = u Wu^T, as [mg | mu] = u [Wg; Wu]^T
+    matmul_forward(mgu, u, w_gu(p, c, l), N, C, 2 * F);
     op_range("fwd swiglu");
-    swiglu_forward(mh, mg, mu, N * F);
+    swiglu_forward(mh, mgu, N, F);
     op_range("fwd matmul down");
     matmul_forward(out, mh, p->wd + l * C * F, N, F, C);
 }
 
-// dln (N, C) = gradient of the input u (set, then added to), given dout; weight
+// dln (N, C) = gradient of the input u (set by one matmul), given dout; weight
 // grads += but for Wg, Wu (mlp_sublayer_weight_backward, as for attention)
 void mlp_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
     const Config *c = &m->cfg;
@@ -575,17 +633,16 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
     ParamTensors<floatX> *p = &m->params;
     ParamTensors<float> *dp = &m->grads;
     size_t N = (size_t)B * T, C = c->C, F = c->F;
-    floatX *mg = a->mg + l * N * F, *mu = a->mu + l * N * F, *mh = a->mh + l * N * F;
+    floatX *mgu = a->mgu + l * N * 2 * F, *mh = a->mh + l * N * F;
     // out = mh Wd^T
     op_range("bwd matmul down");
     matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C, DINP_SET);
-    // mh = silu(mg) * mu   (writes dmg, dmu)
+    // mh = silu(mg) * mu   (writes dmgu = [dmg | dmu])
     op_range("bwd swiglu");
-    swiglu_backward(g->dmg, g->dmu, g->dmh, mg, mu, N * F);
-    // mg = u Wg^T, mu = u Wu^T: dln
+    swiglu_backward(g->dmgu, g->dmh, mgu, N, F);
+    // [mg | mu] = u [Wg; Wu]^T: dln, in one product
     op_range("bwd matmul gate/up");
-    matmul_backward_inp(g->dln, g->dmg, p->wg + l * F * C, N, C, F, DINP_SET);
-    matmul_backward_inp(g->dln, g->dmu, p->wu + l * F * C, N, C, F, DINP_ADD);
+    matmul_backward_inp(g->dln, g->dmgu, w_gu(p, c, l), N, C, 2 * F, DINP_SET);
 }
 // the rest of its backward: dWg, dWu += from the dmg, dmu it left and the input u
 void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
@@ -594,9 +651,8 @@ void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T
     ParamTensors<float> *dp = &m->grads;
     size_t N = (size_t)B * T, C = c->C, F = c->F;
     op_range("bwd matmul gate/up");
-    // mg = u Wg^T, mu = u Wu^T: the weights
-    matmul_backward_weight(dp->wg + l * F * C, g->dmg, u, N, C, F);
-    matmul_backward_weight(dp->wu + l * F * C, g->dmu, u, N, C, F);
+    // [mg | mu] = u [Wg; Wu]^T: the weights, in one product
+    matmul_backward_weight(w_gu(dp, c, l), g->dmgu, u, N, C, 2 * F);
 }
 
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
@@ -1043,11 +1099,16 @@ void adamw_update(Model *m, float lr, float beta1, float beta2, float eps, float
 // ----------------------------------------------------------------------------
 // Checkpoints (format in common/checkpoint.h): float32 master weights and
 // AdamW state, the same files as train_mhar.c writes, so either trainer loads
-// the other's. Tensors travel through a host buffer.
+// the other's. Tensors travel through a host buffer, where params_reorder turns
+// the GPU order into the checkpoint's and back (ckpt_cfg: the model being saved
+// or loaded; every array starts at the first parameter).
+
+static const Config *ckpt_cfg;
 
 static void write_floats(FILE *f, const void *dev, size_t n, int elem, const char *path) {
     float *host = (float *)malloc_check(n * sizeof(float));
     cudaCheck(cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+    params_reorder(ckpt_cfg, host, n, 0);
     if (elem == 4) { fwrite_check(host, sizeof(float), n, f, path); }
     else {
         for (size_t i = 0; i < n; i++) { double d = host[i]; fwrite_check(&d, sizeof(double), 1, f, path); }
@@ -1061,6 +1122,7 @@ static void read_floats(FILE *f, void *dev, size_t n, int elem, const char *path
     else {
         for (size_t i = 0; i < n; i++) { double d; fread_check(&d, sizeof(double), 1, f, path); host[i] = (float)d; }
     }
+    params_reorder(ckpt_cfg, host, n, 1);
     cudaCheck(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
     free(host);
 }
@@ -1075,6 +1137,7 @@ static void *alloc_floats(size_t n) {
 // Save parameters (content CKPT_PARAMS), parameters + AdamW state (CKPT_TRAIN),
 // or the gradients (CKPT_GRADS), via path.tmp and a rename.
 void model_save(const Model *m, const char *path, CkptInfo info) {
+    ckpt_cfg = &m->cfg;
     ckpt_save(path, &m->cfg, info, m->nparams, info.content == CKPT_GRADS ? m->grads_mem : m->params_mem,
               m->adam_m, m->adam_v, write_floats);
 }
@@ -1082,6 +1145,7 @@ void model_save(const Model *m, const char *path, CkptInfo info) {
 // Load a checkpoint into a model built with the same config (dies on any
 // mismatch). Loads AdamW state too when the file has it.
 void model_load(Model *m, const char *path, CkptInfo *info) {
+    ckpt_cfg = &m->cfg;
     ckpt_load(path, &m->cfg, info, m->nparams, m->params_mem, (void **)&m->adam_m, (void **)&m->adam_v,
               read_floats, alloc_floats);
     if ((void *)m->paramsX_mem != (void *)m->params_mem) { cast(m->paramsX_mem, m->params_mem, m->nparams); }
@@ -1187,7 +1251,10 @@ double MHAR_API(forward_backward)(void *model, const int *inputs, const int *tar
     }
     model_forward(m, inputs, targets, B, T, dloss);   // as a training step: the fused cross-entropy
     model_backward(m, dloss);
-    if (grads != NULL) { cudaCheck(cudaMemcpy(grads, m->grads_mem, m->nparams * sizeof(float), cudaMemcpyDeviceToHost)); }
+    if (grads != NULL) {
+        cudaCheck(cudaMemcpy(grads, m->grads_mem, m->nparams * sizeof(float), cudaMemcpyDeviceToHost));
+        params_reorder(&m->cfg, grads, m->nparams, 0);
+    }
     return m->loss;
 }
 
@@ -1209,6 +1276,7 @@ double MHAR_API(train_step)(void *model, const int *inputs, const int *targets, 
 void MHAR_API(get_params)(void *model, float *params) {
     Model *m = (Model *)model;
     cudaCheck(cudaMemcpy(params, m->params_mem, m->nparams * sizeof(float), cudaMemcpyDeviceToHost));
+    params_reorder(&m->cfg, params, m->nparams, 0);
 }
 
 void MHAR_API(free)(void *model) {

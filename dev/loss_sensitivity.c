@@ -41,8 +41,9 @@ static double train_steps(Config cfg, int steps, double d, uint64_t pseed, doubl
 // The forward/backward comparison of test_mhar's GPU layout configs (check_gpu_model's first
 // check: gpu_test_params' moderate random parameters, one batch): how far its three statistics
 // (loss rel, logits max-rel, worst gradient max-rel) move when every parameter is multiplied by
-// (1 + d r) as above. Deep configs amplify a perturbation through depth.
-static void fb_sensitivity(const char *name, Config cfg) {
+// (1 + d r) as above (d = 2^-8: one bf16 rounding; 2^-24: one fp32 rounding). Deep configs
+// amplify a perturbation through depth.
+static void fb_sensitivity(const char *name, Config cfg, double d) {
     const int B = 2, T = cfg.T;
     const size_t N = (size_t)B * T;
     uint64_t rng = 2024;
@@ -61,7 +62,8 @@ static void fb_sensitivity(const char *name, Config cfg) {
     printf("%-13s fwd/bwd (loss, logits, worst gradient):", name);
     for (uint64_t s = 0; s < 4; s++) {
         uint64_t pseed = 1000 + s;
-        for (size_t i = 0; i < np; i++) { m.params_mem[i] = (float)(pf[i] * (1.0 + (rng_f32(&pseed) * 2.0 - 1.0) / 256)); }
+        // in float64: a 2^-24 perturbation must survive (the CPU reference's real is double here)
+        for (size_t i = 0; i < np; i++) { m.params_mem[i] = (real)(pf[i] * (1.0 + (rng_f32(&pseed) * 2.0 - 1.0) * d)); }
         model_zero_grad(&m);
         model_forward(&m, in, tg, B, T, 0);
         double lrel = fabs(m.loss - loss0) / fabs(loss0), num = 0, den = 0, gw = 0;
@@ -106,9 +108,12 @@ int main(void) {
     }
     printf("worst: %.1e\n", overall);
     printf("\nthe same perturbation in test_mhar's forward/backward check of the GPU layout configs (4 seeds):\n");
-    fb_sensitivity("C=512 H=8", gpu_layout_config(512, 8));
-    fb_sensitivity("C=1024 H=1", gpu_layout_config(1024, 1));
-    fb_sensitivity("C=2048 H=8", gpu_layout_config(2048, 8));
-    fb_sensitivity("C=256 L=17", gpu_layout_config_L(256, 1, 17));
+    fb_sensitivity("C=512 H=8", gpu_layout_config(512, 8), 1.0 / 256);
+    fb_sensitivity("C=1024 H=1", gpu_layout_config(1024, 1), 1.0 / 256);
+    fb_sensitivity("C=2048 H=8", gpu_layout_config(2048, 8), 1.0 / 256);
+    fb_sensitivity("C=256 L=17", gpu_layout_config_L(256, 1, 17), 1.0 / 256);
+    printf("\nthe same at 2^-24 (one fp32 rounding of every parameter: the fp32 build's tolerances):\n");
+    fb_sensitivity("C=512 H=8", gpu_layout_config(512, 8), 0x1p-24);
+    fb_sensitivity("C=256 L=17", gpu_layout_config_L(256, 1, 17), 0x1p-24);
     return 0;
 }

@@ -179,7 +179,8 @@ __global__ void attention_backward_dq_kernel(float *dq, const floatX *dout, cons
 // every query head of its group and every query tile at or after the key tile.
 // The block is the only writer of these rows: no atomics.
 __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floatX *dout, const float *lse, const float *Dt,
-                                               const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD) {
+                                               const floatX *q, const floatX *k, const floatX *v, int T, int NH, int NKV, int HD,
+                                               size_t ldv) {
     extern __shared__ float sh[];
     int ld = HD + 1;
     float *Ks = sh, *Vs = Ks + ATT_TILE * ld, *Qs = Vs + ATT_TILE * ld, *dOs = Qs + ATT_TILE * ld;
@@ -246,7 +247,7 @@ __global__ void attention_backward_dkdv_kernel(float *dk, floatX *dv, const floa
             if (d < HD) {
                 size_t off = (((size_t)b * T + t2) * NKV + kvh) * HD + d;
                 dk[off] = dka[rr][i];
-                dv[off] = fromF<floatX>(dva[rr][i]);
+                dv[((size_t)b * T + t2) * ldv + kvh * HD + d] = fromF<floatX>(dva[rr][i]);
             }
         }
     }
@@ -700,15 +701,15 @@ __device__ __forceinline__ void bwd_init_bars(uint64_t *own) {
 }
 #endif
 
-// dk (fp32), dv (bf16), each (B, T, NKV, HD), of the block's 64 keys of kv head
-// blockIdx.x. tq, tdo describe q, dout as (NH HD, T, B), tk, tv k, v as (NKV HD, T,
+// dk (fp32), dv (bf16), each (B, T, NKV, HD) (dv's positions ldv elements apart), of the
+// block's 64 keys of kv head blockIdx.x. tq, tdo describe q, dout as (NH HD, T, B), tk, tv k, v as (NKV HD, T,
 // B), boxes of 64 x 64 x 1; lse, Dt (B, NH, T); bulk: see above.
 template <int HD>
 __global__ void __launch_bounds__(BwdCfg<HD>::THREADS, 1)
 attention_backward_dkdv_wgmma_kernel(float *dk, bf16 *dv, const __grid_constant__ CUtensorMap tq,
                                      const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                                      const __grid_constant__ CUtensorMap tdo, const float *lse, const float *Dt,
-                                     int T, int NH, int NKV, int bulk, float scale, float sl2) {
+                                     int T, int NH, int NKV, int bulk, float scale, float sl2, size_t ldv) {
 #ifdef ATT_WGMMA
     using C = BwdCfg<HD>;
     constexpr int NP = C::NP, TILE = C::TILE, ST = C::ST;
@@ -825,13 +826,14 @@ attention_backward_dkdv_wgmma_kernel(float *dk, bf16 *dv, const __grid_constant_
     for (int hh = 0; hh < 2; hh++) {
         if (key + 8 * hh >= T) { continue; }
         const size_t ro = (((size_t)b * T + key + 8 * hh) * NKV + kvh) * HD;
+        const size_t rv = ((size_t)b * T + key + 8 * hh) * ldv + kvh * HD;
 #pragma unroll
         for (int p = 0; p < NP; p++)
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 const int col = 64 * p + 8 * i + 2 * t4;
                 *(float2 *)(dk + ro + col) = make_float2(dka[p][4 * i + 2 * hh] * scale, dka[p][4 * i + 2 * hh + 1] * scale);
-                *(uint32_t *)(dv + ro + col) = pack_bf16(dva[p][4 * i + 2 * hh], dva[p][4 * i + 2 * hh + 1]);
+                *(uint32_t *)(dv + rv + col) = pack_bf16(dva[p][4 * i + 2 * hh], dva[p][4 * i + 2 * hh + 1]);
             }
     }
 #else
@@ -1043,8 +1045,8 @@ template <int HD> struct Flash {
     }
     // attention_backward's contract: prep (Dt), then the dk/dv pass and the dq pass.
     // lse and Dt move by bulk copies when every (b, h) row of them is 16-byte aligned.
-    static void backward(float *dq, float *dk, bf16 *dv, float *Dt, const bf16 *dout, const bf16 *out, const float *lse,
-                         const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
+    static void backward(float *dq, float *dk, bf16 *dv, size_t ldv, float *Dt, const bf16 *dout, const bf16 *out,
+                         const float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int NH, int NKV) {
         typedef BwdCfg<HD> C;
         const float scale = 1.0f / sqrtf((float)HD), sl2 = scale * LOG2E;
         attention_backward_prep_flash_kernel<HD><<<ceil_div((size_t)B * T * NH * (HD / 8), 256), 256>>>(Dt, dout, out, B, T, NH);
@@ -1052,7 +1054,7 @@ template <int HD> struct Flash {
         const AttTmaps &tm = att_tmaps_get(q, k, v, dout, B, T, NH, NKV, HD, 64, 64);
         const int bulk = T % 4 == 0 && (uintptr_t)lse % 16 == 0 && (uintptr_t)Dt % 16 == 0;
         attention_backward_dkdv_wgmma_kernel<HD><<<dim3(NKV, B, ceil_div(T, 64)), C::THREADS, dkdv_smem>>>(
-            dk, dv, tm.tq, tm.tk, tm.tv, tm.tdo, lse, Dt, T, NH, NKV, bulk, scale, sl2);
+            dk, dv, tm.tq, tm.tk, tm.tv, tm.tdo, lse, Dt, T, NH, NKV, bulk, scale, sl2, ldv);
         launchCheck();
         attention_backward_dq_wgmma_kernel<HD><<<dim3(NH, B, ceil_div(T, 64)), C::THREADS, dq_smem>>>(
             dq, tm.tq, tm.tk, tm.tv, tm.tdo, lse, Dt, T, NH, NKV, scale, sl2);
@@ -1097,16 +1099,18 @@ void attention_forward(floatX *out, float *lse, const floatX *q, const floatX *k
 }
 
 // Writes (does not add) dq (B, T, NH, HD), dk (B, T, NKV, HD) in fp32 and dv in
-// floatX (the input of a matmul backward), given dout (B, T, NH, HD) in floatX,
+// floatX (the input of a matmul backward; its positions ldv >= NKV HD elements apart:
+// a column block of the trainer's dqkv), given dout (B, T, NH, HD) in floatX,
 // the forward output out and its lse. Dt (B, NH, T) is scratch. Both paths are
 // deterministic (every element written once by one thread) and take any T; the
 // fast one (Flash::backward) is the wgmma dk/dv and dq passes above.
-void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const floatX *dout, const floatX *out, const float *lse,
-                        const floatX *q, const floatX *k, const floatX *v, int B, int T, int NH, int NKV, int HD) {
+void attention_backward(float *dq, float *dk, floatX *dv, size_t ldv, float *Dt, const floatX *dout, const floatX *out,
+                        const float *lse, const floatX *q, const floatX *k, const floatX *v, int B, int T, int NH, int NKV,
+                        int HD) {
 #ifndef PRECISION_FP32
     if (attention_use_flash(HD)) {
-        if (HD == 64) { Flash<64>::backward(dq, dk, dv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
-        else { Flash<128>::backward(dq, dk, dv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
+        if (HD == 64) { Flash<64>::backward(dq, dk, dv, ldv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
+        else { Flash<128>::backward(dq, dk, dv, ldv, Dt, dout, out, lse, q, k, v, B, T, NH, NKV); }
         return;
     }
 #endif
@@ -1117,7 +1121,7 @@ void attention_backward(float *dq, float *dk, floatX *dv, float *Dt, const float
         dq, dout, lse, Dt, q, k, v, T, NH, NKV, HD);
     launchCheck();
     attention_backward_dkdv_kernel<<<dim3(ceil_div(T, ATT_TILE), NKV, B), ATT_WARPS * 32, shmem + 2 * ATT_TILE * sizeof(float)>>>(
-        dk, dv, dout, lse, Dt, q, k, v, T, NH, NKV, HD);
+        dk, dv, dout, lse, Dt, q, k, v, T, NH, NKV, HD, ldv);
     launchCheck();
 }
 

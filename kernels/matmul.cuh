@@ -1,8 +1,10 @@
 // kernels/matmul.cuh: the matmuls by a weight W (OC, IC), through cuBLAS (one handle,
 // the default stream, atomics off: deterministic): out (N, OC) = inp (N, IC) W^T and
 // its two backward halves, dinp (N, IC) = or += dout W and dW (OC, IC) += dout^T inp.
-// No custom kernel and no lab version (cuBLAS picks its own); fp32 compute, pedantic
-// (no TF32) in the fp32 build.
+// No custom kernel (cuBLAS picks its own); fp32 compute, pedantic (no TF32) in the fp32
+// build. The lab dev/cuda/matmul.cu times these calls at the model's shapes, as one
+// product per weight and fused over a sublayer's weights (what the trainer does for
+// [Wq; Wk; Wv] and [Wg; Wu]: train_mhar.cu, "the GPU order").
 #pragma once
 
 cublasHandle_t cublas;   // one handle, on the default stream

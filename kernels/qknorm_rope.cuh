@@ -80,7 +80,7 @@ template <int HD>
 __global__ void __launch_bounds__(256)
 qknorm_rope_backward_packed_kernel(floatX *dinp, float *partial, const float *dout, const floatX *inp,
                                    const float *rstd, const floatX *w, const float *cosv, const float *sinv,
-                                   size_t rows, int T, int nh, int rows_per_part) {
+                                   size_t rows, int T, int nh, int rows_per_part, size_t ld) {
     constexpr int G = HD / PACK, RPW = 32 / G, HALF = HD / 2, WARPS = 8;
     static_assert(HD % (2 * PACK) == 0 && G <= 32 && 32 % G == 0, "packed QK-norm: HD/PACK must be 2, 4, .. 32");
     __shared__ alignas(16) float acc[WARPS * RPW][HD];   // 8 KB (bf16) or 4 KB (fp32) at every HD
@@ -132,7 +132,7 @@ qknorm_rope_backward_packed_kernel(floatX *dinp, float *partial, const float *do
                 dp.v[e] = fromF<floatX>(s * dy[e] * wv[e] - k3 * x[e]);
                 dw[e] += dy[e] * x[e] * s;
             }
-            reinterpret_cast<Pack *>(dinp + n * HD)[p] = dp;
+            reinterpret_cast<Pack *>(dinp + n / nh * ld + n % nh * HD)[p] = dp;
         }
     }
     // dw per (warp, row group) into shared memory, then summed over them in a fixed order
@@ -195,7 +195,7 @@ __global__ void qknorm_rope_forward_kernel(floatX *out, float *rstd, const float
 // partial[p] (HD): its rows' share of dw, summed in a fixed order.
 __global__ void qknorm_rope_backward_kernel(floatX *dinp, float *partial, const float *dout, const floatX *inp,
                                             const float *rstd, const floatX *w, const float *cosv, const float *sinv,
-                                            size_t rows, int T, int nh, int HD, int rows_per_part) {
+                                            size_t rows, int T, int nh, int HD, int rows_per_part, size_t ld) {
     __shared__ float acc[8][2 * 32 * QK_PAIRS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = HD / 2;
     size_t n0 = (size_t)blockIdx.x * rows_per_part, n1 = n0 + rows_per_part < rows ? n0 + rows_per_part : rows;
@@ -219,11 +219,12 @@ __global__ void qknorm_rope_backward_kernel(floatX *dinp, float *partial, const 
         gwx = warp_sum(gwx);
         // y[i] = x[i] s w[i], s = (mean(x^2) + eps)^(-1/2), ds/dx[i] = -s^3 x[i] / HD
         float k3 = s * s * s / HD * gwx;
+        floatX *dn = dinp + n / nh * ld + n % nh * HD;
         for (int u = 0; u < QK_PAIRS; u++) {
             int j = lane + 32 * u;
             if (j >= half) { break; }
-            dinp[n * HD + j] = fromF<floatX>(s * dy1[u] * toF(w[j]) - k3 * x1[u]);
-            dinp[n * HD + j + half] = fromF<floatX>(s * dy2[u] * toF(w[j + half]) - k3 * x2[u]);
+            dn[j] = fromF<floatX>(s * dy1[u] * toF(w[j]) - k3 * x1[u]);
+            dn[j + half] = fromF<floatX>(s * dy2[u] * toF(w[j + half]) - k3 * x2[u]);
             dw1[u] += dy1[u] * x1[u] * s;
             dw2[u] += dy2[u] * x2[u] * s;
         }
@@ -288,22 +289,24 @@ void qknorm_rope_forward(floatX *out, float *rstd, const floatX *inp, const floa
 
 // dinp (B, T, nh, HD) = gradient of inp (written, not added; floatX: it feeds a
 // matmul backward) given dout (fp32, from attention); dw (HD) += gradient of the
-// norm weights. partial: scratch of RED_PARTS_MAX * HD floats.
+// norm weights. partial: scratch of RED_PARTS_MAX * HD floats. dinp's positions are
+// ld elements apart (ld >= nh HD: it may be a column block of a wider row, as the
+// trainer's dqkv is).
 void qknorm_rope_backward(floatX *dinp, float *dw, const float *dout, const floatX *inp, const float *rstd,
                           const floatX *w, const float *cosv, const float *sinv, int B, int T, int nh, int HD,
-                          float *partial) {
+                          size_t ld, float *partial) {
     // out = rope(y), y = rmsnorm(inp; w) (qknorm_rope_forward)
     size_t rows = (size_t)B * T * nh;
     int R = red_rows_per_part(rows), P = (int)ceil_div(rows, R);
     uintptr_t bits = (uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)w | (uintptr_t)cosv |
-                     (uintptr_t)sinv;
+                     (uintptr_t)sinv | (uintptr_t)(ld * sizeof(floatX));
     bool packed = qk_packed_dispatch(HD, bits, [&](auto dim) {
         constexpr int D = decltype(dim)::hd;
         qknorm_rope_backward_packed_kernel<D><<<P, 256>>>(dinp, partial, dout, inp, rstd, w, cosv, sinv, rows, T, nh,
-                                                          R);
+                                                          R, ld);
     });
     if (!packed) {
-        qknorm_rope_backward_kernel<<<P, 256>>>(dinp, partial, dout, inp, rstd, w, cosv, sinv, rows, T, nh, HD, R);
+        qknorm_rope_backward_kernel<<<P, 256>>>(dinp, partial, dout, inp, rstd, w, cosv, sinv, rows, T, nh, HD, R, ld);
     }
     launchCheck();
     // dw[i] = sum over the rows of dy[i] x[i] s: the partials, summed in order

@@ -15,7 +15,7 @@ Run:
     ./elementwise --op OP --version N --bench   version N of OP timed at the trainer's shapes
     ./elementwise --all                     --check and --bench of every op and version
   OP: ce (cross-entropy), qk (QK-norm + RoPE), swiglu; without --op: every op.
-  Without --version: every version of the op (ce and qk 1-4, swiglu 1-3). Neither --check nor --bench: both.
+  Without --version: every version of the op (ce, qk and swiglu 1-4). Neither --check nor --bench: both.
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the small shapes only: for compute-sanitizer)
 
@@ -69,7 +69,9 @@ Versions (NOTES_elementwise.md has the byte counts, floors and H200 figures):
           v2  8 consecutive elements per thread, scalar loop (74133cf): measured
               SLOWER on the H200 (bwd 5.96 vs 3.16 ms per step), kept as a negative result.
           v3  16-byte packs, one pack per thread, one element a thread when n or a
-              pointer does not allow packs (the current trainer's).
+              pointer does not allow packs (the trainer's until the gate/up matmul became one).
+          v4  v3's arithmetic over the trainer's (N, 2F) rows [g | u] (and [dg | du]), dout in
+              bf16 (the current trainer's, kernels/swiglu.cuh); packs need F % PACK == 0.
 
 Tolerances (the check prints, per output, rel = max|gpu - ref| / max|ref|, the
 metric of test_mhar and README_cuda; PASS needs, for every element,
@@ -1089,7 +1091,7 @@ __global__ void swiglu_backward_v2_kernel(floatX *dg, floatX *du, const float *d
     }
 }
 
-// ---- v3: the current train_mhar.cu (swiglu_forward_kernel / swiglu_backward_kernel,
+// ---- v3: train_mhar.cu before the one gate/up matmul (swiglu_forward_kernel / swiglu_backward_kernel,
 // packs_fit; bodies unchanged). Thread k handles the 16-byte pack k of each tensor,
 // so a warp reads whole cache lines. When n or a pointer does not allow packs, the
 // same kernels run one element a thread.
@@ -1139,6 +1141,79 @@ __global__ void swiglu_backward_v3_kernel(floatX *dg, floatX *du, const float *d
     }
     *(Pack *)(dg + i0) = dgp;
     *(Pack *)(du + i0) = dup;
+}
+
+// ---- v4: the current train_mhar.cu (kernels/swiglu.cuh; bodies unchanged): v3's
+// arithmetic with g and u in one (N, 2F) buffer, row n = [g_n | u_n] (the one gate/up
+// matmul writes both), dg and du written the same way into dgu, and dout in bf16 (the down
+// matmul's backward rounds its fp32 sums once). Packs need F % PACK == 0.
+
+// element i of an (N, F) tensor -> its g in the (N, 2F) buffer (u is F further)
+__device__ inline size_t gu_index(size_t i, int F) { return i / F * 2 * F + i % F; }
+
+__global__ void swiglu_forward_v4_kernel(floatX *out, const floatX *gu, size_t n, int F, int vec) {
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vec;
+    if (i0 >= n) { return; }
+    const floatX *g = gu + gu_index(i0, F), *u = g + F;
+    if (vec == 1) {
+        float gi = toF(g[0]);
+        out[i0] = fromF<floatX>(gi * silu_sig(gi) * toF(u[0]));
+        return;
+    }
+    Pack gp = *(const Pack *)g, up = *(const Pack *)u, op;
+    for (int e = 0; e < PACK; e++) {
+        float gi = toF(gp.v[e]);
+        op.v[e] = fromF<floatX>(gi * silu_sig(gi) * toF(up.v[e]));
+    }
+    *(Pack *)(out + i0) = op;
+}
+
+__global__ void swiglu_backward_v4_kernel(floatX *dgu, const floatX *dout, const floatX *gu, size_t n, int F, int vec) {
+    size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vec;
+    if (i0 >= n) { return; }
+    const size_t at = gu_index(i0, F);
+    const floatX *g = gu + at, *u = g + F;
+    floatX *dg = dgu + at, *du = dg + F;
+    // out = g sig(g) u;  d(g sig(g))/dg = sig (1 + g (1 - sig))
+    if (vec == 1) {
+        float gi = toF(g[0]), ui = toF(u[0]), sig = silu_sig(gi);
+        float d = toF(dout[i0]);
+        dg[0] = fromF<floatX>(d * ui * sig * (1.0f + gi * (1.0f - sig)));
+        du[0] = fromF<floatX>(d * gi * sig);
+        return;
+    }
+    Pack gp = *(const Pack *)g, up = *(const Pack *)u, dp = *(const Pack *)(dout + i0), dgp, dup;
+    for (int e = 0; e < PACK; e++) {
+        float gi = toF(gp.v[e]), ui = toF(up.v[e]), d = toF(dp.v[e]), sig = silu_sig(gi);
+        dgp.v[e] = fromF<floatX>(d * ui * sig * (1.0f + gi * (1.0f - sig)));
+        dup.v[e] = fromF<floatX>(d * gi * sig);
+    }
+    *(Pack *)dg = dgp;
+    *(Pack *)du = dup;
+}
+
+// v4's buffers: gu, dgu (N, 2F); out, dout (N, F), dout bf16
+struct SwBufs4 {
+    const floatX *gu;
+    floatX *out;
+    const floatX *dout;
+    floatX *dgu;
+    size_t N;
+    int F;
+};
+static void swiglu_v4(const SwBufs4 &b, bool fwd) {
+    const size_t n = b.N * b.F;
+    const bool fit = b.F % PACK == 0 && ((uintptr_t)b.gu | (uintptr_t)b.out | (uintptr_t)b.dout | (uintptr_t)b.dgu) % 16 == 0;
+    const int vec = fit ? PACK : 1;
+    if (fwd) { swiglu_forward_v4_kernel<<<ceil_div(n, 256 * (size_t)vec), 256>>>(b.out, b.gu, n, b.F, vec); }
+    else { swiglu_backward_v4_kernel<<<ceil_div(n, 256 * (size_t)vec), 256>>>(b.dgu, b.dout, b.gu, n, b.F, vec); }
+    launchCheck();
+}
+// fp32 -> bf16, element by element (v4's dout from the inputs the other versions take)
+__global__ void to_bf16_kernel(floatX *out, const float *in, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = fromF<floatX>(in[i]);
+    }
 }
 
 struct SwBufs {
@@ -1634,7 +1709,9 @@ static bool check_qk(int ver, uint64_t seed) {
     return ok;
 }
 
-static bool check_sw_shape(int ver, size_t n, uint64_t seed) {
+// n = N*F elements (F: v4's row width; the other versions see n elements in a row)
+static bool check_sw_shape(int ver, size_t N, int F, uint64_t seed) {
+    const size_t n = N * F;
     floatX *g = dalloc<floatX>(n), *u = dalloc<floatX>(n);
     float *dout = dalloc<float>(n);
     SwBufs b = {g, u, dalloc<floatX>(n), dout, dalloc<floatX>(n), dalloc<floatX>(n), n};
@@ -1642,7 +1719,18 @@ static bool check_sw_shape(int ver, size_t n, uint64_t seed) {
     launchCheck();
     fill_normal(u, n, seed + 21, 0.0f, 1.0f);
     fill_normal(dout, n, seed + 22, 0.0f, 1e-2f);
-    std::vector<double> gd = fetch_bf16_d(g, n), ud = fetch_bf16_d(u, n), dd = fetch_f32_d(dout, n);
+    // v4: g and u side by side in each row of gu, dout in bf16 (the reference takes its values)
+    floatX *gu = NULL, *dgu = NULL, *dout16 = NULL;
+    if (ver == 4) {
+        gu = dalloc<floatX>(2 * n); dgu = dalloc<floatX>(2 * n); dout16 = dalloc<floatX>(n);
+        cudaCheck(cudaMemcpy2D(gu, 4 * (size_t)F, g, 2 * (size_t)F, 2 * (size_t)F, N, cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpy2D(gu + F, 4 * (size_t)F, u, 2 * (size_t)F, 2 * (size_t)F, N, cudaMemcpyDeviceToDevice));
+        to_bf16_kernel<<<4096, 256>>>(dout16, dout, n);
+        launchCheck();
+    }
+    const SwBufs4 b4 = {gu, b.out, dout16, dgu, N, F};
+    std::vector<double> gd = fetch_bf16_d(g, n), ud = fetch_bf16_d(u, n),
+                        dd = ver == 4 ? fetch_bf16_d(dout16, n) : fetch_f32_d(dout, n);
     std::vector<double> rout(n), rdg(n), rdu(n);
     for (size_t i = 0; i < n; i++) { ref_swiglu(gd[i], ud[i], dd[i], &rout[i], &rdg[i], &rdu[i]); }
     gd.clear(); gd.shrink_to_fit(); ud.clear(); ud.shrink_to_fit(); dd.clear(); dd.shrink_to_fit();
@@ -1651,13 +1739,22 @@ static bool check_sw_shape(int ver, size_t n, uint64_t seed) {
     for (int rep = 0; rep < 2; rep++) {
         cudaCheck(cudaMemset(b.out, 0xFF, n * 2)); cudaCheck(cudaMemset(b.dg, 0xFF, n * 2));
         cudaCheck(cudaMemset(b.du, 0xFF, n * 2));
-        swiglu_forward(ver, b);
-        swiglu_backward(ver, b);
+        if (ver == 4) {
+            cudaCheck(cudaMemset(dgu, 0xFF, n * 4));
+            swiglu_v4(b4, true);
+            swiglu_v4(b4, false);
+            cudaCheck(cudaMemcpy2D(b.dg, 2 * (size_t)F, dgu, 4 * (size_t)F, 2 * (size_t)F, N, cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaMemcpy2D(b.du, 2 * (size_t)F, dgu + F, 4 * (size_t)F, 2 * (size_t)F, N, cudaMemcpyDeviceToDevice));
+        } else {
+            swiglu_forward(ver, b);
+            swiglu_backward(ver, b);
+        }
         cudaCheck(cudaDeviceSynchronize());
         std::vector<unsigned char> out[3] = {fetch_bytes(b.out, n * 2), fetch_bytes(b.dg, n * 2),
                                              fetch_bytes(b.du, n * 2)};
         if (repeat_done(rep, out, first, ok)) { break; }
-        printf("  swiglu v%d n=%-9zu%s", ver, n, ver == 3 && n % PACK ? " (one element a thread)" : "");
+        printf("  swiglu v%d n=%-9zu F=%-5d%s", ver, n, F,
+               (ver == 3 && n % PACK) || (ver == 4 && F % PACK) ? " (one element a thread)" : "");
         ok &= compare("out", bytes_bf16_to_f(out[0]), rout, 0x1p-7, 1e-5);
         ok &= compare("dg", bytes_bf16_to_f(out[1]), rdg, 0x1p-7, 1e-5);
         ok &= compare("du", bytes_bf16_to_f(out[2]), rdu, 0x1p-7, 1e-5);
@@ -1665,15 +1762,17 @@ static bool check_sw_shape(int ver, size_t n, uint64_t seed) {
     }
     cudaCheck(cudaFree(g)); cudaCheck(cudaFree(u)); cudaCheck(cudaFree(dout)); cudaCheck(cudaFree(b.out));
     cudaCheck(cudaFree(b.dg)); cudaCheck(cudaFree(b.du));
+    if (ver == 4) { cudaCheck(cudaFree(gu)); cudaCheck(cudaFree(dgu)); cudaCheck(cudaFree(dout16)); }
     return ok;
 }
 
 static bool check_sw(int ver, uint64_t seed) {
     printf("swiglu v%d check (tolerances: out, dg, du rtol 2^-7 + atol 1e-5 max)\n", ver);
     bool ok = true;
-    if (!quick) { ok &= check_sw_shape(ver, (size_t)32768 * 1536, seed + 1); }   // the 100m shape
-    ok &= check_sw_shape(ver, 1000003, seed + 2);                // odd n: v3 takes its one-element path
-    ok &= check_sw_shape(ver, (size_t)8 * 4099, seed + 3);
+    if (!quick) { ok &= check_sw_shape(ver, 32768, 1536, seed + 1); }   // the 100m shape
+    ok &= check_sw_shape(ver, 1000003, 1, seed + 2);   // odd n (v3), F = 1 (v4): the one-element paths
+    ok &= check_sw_shape(ver, 8, 4099, seed + 3);
+    ok &= check_sw_shape(ver, 37, 96, seed + 4);       // v4: packs in short rows
     printf("swiglu v%d check: %s\n", ver, ok ? "PASS" : "FAIL");
     return ok;
 }
@@ -1700,7 +1799,7 @@ static void print_time(const char *op, int ver, const char *what, float ms, floa
 // from the profile before df51936 / 5f86eff). 0: not measured.
 static const double PROF_CE[5][2] = {{0, 0}, {4.94, 5.82}, {1.40, 1.65}, {0, 0}, {0, 0}};
 static const double PROF_QK[5][2] = {{0, 0}, {2.12, 4.22}, {1.24, 2.86}, {0, 0}, {0, 0}};
-static const double PROF_SW[4][2] = {{0, 0}, {2.68, 3.16}, {3.05, 5.96}, {0.90, 1.69}};
+static const double PROF_SW[5][2] = {{0, 0}, {2.68, 3.16}, {3.05, 5.96}, {0.90, 1.69}, {0, 0}};
 
 static void bench_ce(int ver, int reps, uint64_t seed, double copy_gbs) {
     const Model &m = M100;
@@ -1826,14 +1925,34 @@ static void bench_sw(int ver, int reps, uint64_t seed, double copy_gbs) {
     fill_normal(dout, n, seed + 22, 0.0f, 1e-2f);
     std::vector<SwBufs> lay(L);
     for (int l = 0; l < L; l++) { lay[l] = {g + l * n, u + l * n, out + l * n, dout, dg, du, n}; }
+    // v4: g, u of a layer in one (N, 2F) buffer (the values do not matter for the time), dout in
+    // bf16, dg, du into one (N, 2F) buffer
+    floatX *gu = NULL, *dgu = NULL, *dout16 = NULL;
+    std::vector<SwBufs4> lay4(L);
+    if (ver == 4) {
+        gu = dalloc<floatX>(2 * n * L); dgu = dalloc<floatX>(2 * n); dout16 = dalloc<floatX>(n);
+        fill_gate_kernel<<<4096, 256>>>(gu, 2 * n * L, seed);
+        to_bf16_kernel<<<4096, 256>>>(dout16, dout, n);
+        launchCheck();
+        for (int l = 0; l < L; l++) { lay4[l] = {gu + 2 * l * n, out + l * n, dout16, dgu, (size_t)m.B * m.T, m.F}; }
+    }
+    auto run = [&](bool fwd) {
+        for (int l = 0; l < L; l++) {
+            if (ver == 4) { swiglu_v4(lay4[l], fwd); }
+            else if (fwd) { swiglu_forward(ver, lay[l]); }
+            else { swiglu_backward(ver, lay[l]); }
+        }
+    };
     float mn;
     char what[96];
-    float f = time_median(reps, [&]() { for (int l = 0; l < L; l++) { swiglu_forward(ver, lay[l]); } }, no_pre, &mn);
+    float f = time_median(reps, [&]() { run(true); }, no_pre, &mn);
     snprintf(what, sizeof what, "per step: fwd %d x (n=%zu)", L, n);
     print_time("swiglu", ver, what, f, mn, sw_bytes_fwd((double)n * L), copy_gbs, PROF_SW[ver][0]);
-    float b = time_median(reps, [&]() { for (int l = 0; l < L; l++) { swiglu_backward(ver, lay[l]); } }, no_pre, &mn);
-    snprintf(what, sizeof what, "per step: bwd %d x (n=%zu)", L, n);
-    print_time("swiglu", ver, what, b, mn, sw_bytes_bwd((double)n * L), copy_gbs, PROF_SW[ver][1]);
+    float b = time_median(reps, [&]() { run(false); }, no_pre, &mn);
+    snprintf(what, sizeof what, "per step: bwd %d x (n=%zu)%s", L, n, ver == 4 ? ", dout bf16" : "");
+    print_time("swiglu", ver, what, b, mn, ver == 4 ? 10.0 * n * L : sw_bytes_bwd((double)n * L), copy_gbs,
+               PROF_SW[ver][1]);
+    if (ver == 4) { cudaCheck(cudaFree(gu)); cudaCheck(cudaFree(dgu)); cudaCheck(cudaFree(dout16)); }
     cudaCheck(cudaFree(g)); cudaCheck(cudaFree(u)); cudaCheck(cudaFree(out)); cudaCheck(cudaFree(dout));
     cudaCheck(cudaFree(dg)); cudaCheck(cudaFree(du));
 }
@@ -1843,7 +1962,7 @@ static void bench_sw(int ver, int reps, uint64_t seed, double copy_gbs) {
 // the versions of each op: 1..VMAX
 #define CE_VMAX 4
 #define QK_VMAX 4
-#define SW_VMAX 3
+#define SW_VMAX 4
 
 int main(int argc, char **argv) {
     int ver = 0, reps = 20;

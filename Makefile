@@ -158,7 +158,7 @@ NO_GPU_WHY = $(if $(HAVE_NVCC),no GPU here (no /dev/nvidia0 device),no nvcc on P
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 # -diag-suppress 177: functions unused in one precision or in the -DTESTING objects
 NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function
-CUDA_LDLIBS = -lcublas -lcudart
+CUDA_LDLIBS = -lcublasLt -lcublas -lcudart
 GPU_BINS = train_mhar_cu train_mhar_cu_fp32
 GPU_OBJS = train_mhar_gpu_fp32.o train_mhar_gpu_bf16.o
 

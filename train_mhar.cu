@@ -62,6 +62,7 @@ sublayer j-1 (recomputing h_j from the streams), keeping one fp32 stream gradien
 #include <cudaTypedefs.h>   // CUtensorMap, PFN_cuTensorMapEncodeTiled (kernels/attention.cuh)
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <nvtx3/nvToolsExt.h>
 #include "common/util.h"
 #include "common/config.h"
@@ -339,11 +340,7 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     m->lr_route = 1.0f;
     param_sizes(cfg, m->sizes);
     m->nparams = param_count(cfg);
-    if (cublas == NULL) {
-        cublasCheck(cublasCreate(&cublas));
-        cublasCheck(cublasSetAtomicsMode(cublas, CUBLAS_ATOMICS_NOT_ALLOWED));   // deterministic
-        cublasCheck(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));              // no TF32 unless asked
-    }
+    matmul_setup();
     if (cfg->mode == RES_HC && cfg->n != 1 && cfg->n != 2 && cfg->n != 4 && cfg->n != 8) {
         die("-hc_n %d: the CUDA trainer's hc kernels take 1, 2, 4 or 8 streams; use one of those, or the CPU "
             "trainer train_mhar for other n", cfg->n);
@@ -578,7 +575,7 @@ void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int
     // (TMA tiles) anyway, and their D = rowsum(datty * atty) then comes from the
     // very values that make dP, as dS = P (dP - D) needs (D = sum_j P dP).
     op_range("bwd matmul o");
-    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C, DINP_SET);
+    matmul_backward(g->datty, dp->wo + l * C * QD, dout, atty, p->wo + l * C * QD, N, QD, C);
     // atty = attention(q, k, v): writes dq, dk (fp32, from fp32 accumulators:
     // no rounding before RoPE and the QK-norm backward, whose projection
     // -s^3/D (g.x) x can cancel) and dv (floatX: only the Wv matmul reads it).
@@ -595,7 +592,7 @@ void attention_sublayer_backward(Model *m, int l, const floatX *dout, int B, int
                          B, T, c->NKV, HD, QKVD, g->partial);
     op_range("bwd matmul qkv");
     // qr = u Wq^T, kr = u Wk^T, v = u Wv^T, i.e. [qr | kr | v] = u [Wq; Wk; Wv]^T: dln, in one product
-    matmul_backward_inp(g->dln, g->dqkv, w_qkv(p, c, l), N, C, QKVD, DINP_SET);
+    matmul_backward_inp(g->dln, g->dqkv, w_qkv(p, c, l), N, C, QKVD);
 }
 // the rest of its backward: dWq, dWk, dWv += from the dqr, dkr, dv it left and the input u
 void attention_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
@@ -636,13 +633,13 @@ void mlp_sublayer_backward(Model *m, int l, const floatX *dout, int B, int T) {
     floatX *mgu = a->mgu + l * N * 2 * F, *mh = a->mh + l * N * F;
     // out = mh Wd^T
     op_range("bwd matmul down");
-    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C, DINP_SET);
+    matmul_backward(g->dmh, dp->wd + l * C * F, dout, mh, p->wd + l * C * F, N, F, C);
     // mh = silu(mg) * mu   (writes dmgu = [dmg | dmu])
     op_range("bwd swiglu");
     swiglu_backward(g->dmgu, g->dmh, mgu, N, F);
     // [mg | mu] = u [Wg; Wu]^T: dln, in one product
     op_range("bwd matmul gate/up");
-    matmul_backward_inp(g->dln, g->dmgu, w_gu(p, c, l), N, C, 2 * F, DINP_SET);
+    matmul_backward_inp(g->dln, g->dmgu, w_gu(p, c, l), N, C, 2 * F);
 }
 // the rest of its backward: dWg, dWu += from the dmg, dmu it left and the input u
 void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T) {
@@ -1017,7 +1014,7 @@ void model_backward(Model *m, float dloss) {
     m->ce_dloss = 0;
     floatX *uf = ULN(2 * L);   // (mhar: the one u buffer still holds the final site's)
     op_range("bwd matmul head");
-    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp, DINP_SET);
+    matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
     // uf = rmsnorm(h_final; lnfw)
     op_range("bwd route + norm");
     site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw, NULL);
@@ -1189,7 +1186,7 @@ static void device_finish(char *desc, size_t n) {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
     snprintf(desc, n, "GPU memory in use %.1f MiB of %.1f MiB; ", (total_b - free_b) / 1048576.0, total_b / 1048576.0);
-    if (cublas != NULL) { cublasCheck(cublasDestroy(cublas)); cublas = NULL; }
+    matmul_teardown();
     op_times_free();
 }
 

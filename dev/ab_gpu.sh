@@ -27,7 +27,7 @@ modes=("$@"); [ ${#modes[@]} -gt 0 ] || modes=("-r std" "-r mhar -H 8" "-r mhar 
 ROUNDS=${ROUNDS:-2} STEPS=${STEPS:-12} GPU_ARCH=${GPU_ARCH:-sm_90a}
 PROFILE_GREP=${PROFILE_GREP:-route|residual}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublas -lcudart"   # -I.: common/
+flags="-O3 -std=c++17 -arch=$GPU_ARCH -diag-suppress 177 -I. -lcublasLt -lcublas -lcudart"   # -I.: common/
 t0=$(date +%s)
 build() {   # source or binary, output
     case "$1" in

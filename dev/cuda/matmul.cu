@@ -22,6 +22,8 @@
 //   2 cublasGemmEx, a 32 MiB workspace (cublasSetWorkspace; cuBLAS's recommendation on Hopper)
 //   3 cublasLt, heuristic 0, 32 MiB workspace
 //   4 cublasLt, the fastest of the first 16 heuristics, timed here (--check runs every one)
+//   5 cublasLt, the fastest of those heuristics whose output is bit-identical to heuristic 0's
+//     (the same sums in the same order: a choice by timing that cannot change a run's bits)
 //
 // Usage:
 //   matmul --cpu-selftest      the layouts' GEMM descriptors, emulated in float64 as cuBLAS
@@ -439,6 +441,38 @@ static int check(uint64_t seed) {
 
 // ---- --bench: ms per step of each op x kind x layout x backend ----
 
+// *count += the 32-bit words where a and b differ
+__global__ void count_diff_kernel(const uint32_t *a, const uint32_t *b, size_t n, unsigned long long *count) {
+    unsigned long long c = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        c += a[i] != b[i];
+    }
+    if (c) { atomicAdd(count, c); }
+}
+// for each heuristic of plan p: 1 if its output of g equals heuristic 0's bit for bit (C restored
+// from its contents before each run, so that beta = 1 products start from the same values)
+static std::vector<int> same_bits_as_0(const Gemm &g, const LtPlan &p) {
+    const size_t bytes = ((size_t)g.ldc * (g.n - 1) + g.m) * (g.c_f32 ? 4 : 2);   // C may start inside a wider row
+    void *save = dalloc<char>(bytes), *ref = dalloc<char>(bytes);
+    unsigned long long *cnt = dalloc<unsigned long long>(1);
+    cudaCheck(cudaMemcpy(save, g.C, bytes, cudaMemcpyDeviceToDevice));
+    std::vector<int> same(p.algos.size(), 0);
+    for (size_t a = 0; a < p.algos.size(); a++) {
+        cudaCheck(cudaMemcpy(g.C, save, bytes, cudaMemcpyDeviceToDevice));
+        run_lt(p, (int)a, g);
+        if (a == 0) { cudaCheck(cudaMemcpy(ref, g.C, bytes, cudaMemcpyDeviceToDevice)); same[0] = 1; continue; }
+        cudaCheck(cudaMemset(cnt, 0, sizeof(*cnt)));
+        count_diff_kernel<<<1024, 256>>>((const uint32_t *)g.C, (const uint32_t *)ref, bytes / 4, cnt);
+        launchCheck();
+        unsigned long long c = 0;
+        cudaCheck(cudaMemcpy(&c, cnt, sizeof(c), cudaMemcpyDeviceToHost));
+        same[a] = c == 0;
+    }
+    cudaCheck(cudaMemcpy(g.C, save, bytes, cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaFree(save)); cudaCheck(cudaFree(ref)); cudaCheck(cudaFree(cnt));
+    return same;
+}
+
 static int bench(const char *preset, int B, int reps) {
     int L, C, NH, NKV, HD, F, T, V = 50304;
     if (!strcmp(preset, "100m")) { L = 12; C = 512; NH = 8; NKV = 4; HD = 64; F = 1536; T = 2048; }
@@ -447,50 +481,57 @@ static int bench(const char *preset, int B, int reps) {
     const size_t N = (size_t)B * T;
     printf("bench: preset %s, N = B x T = %d x %d; ms a step = ms a call x calls a step; "
            "median of %d (2 warm-ups)\n", preset, B, T, reps);
-    printf("%-8s %-4s %-5s %6s | %9s %9s %9s %9s | %7s  %s\n", "op", "kind", "lay", "calls", "be1 ms", "be2 ms",
-           "be3 ms", "be4 ms", "TFLOP/s", "(be4's algos: index of the fastest)");
-    double tot[3][5] = {{0}};   // [layout][backend] ms a step, every op and kind
+    printf("%-8s %-4s %-5s %6s | %9s %9s %9s %9s %9s | %7s  %s\n", "op", "kind", "lay", "calls", "be1 ms", "be2 ms",
+           "be3 ms", "be4 ms", "be5 ms", "TFLOP/s", "(per GEMM: be4's pick / be5's pick / algos bit-identical to 0 / algos)");
+    double tot[3][6] = {{0}};   // [layout][backend] ms a step, every op and kind
     for (const OpDef &o : model_ops(C, NH, NKV, HD, F, V, L)) {
         DevOp d = dev_alloc(o, N, 7);
         if (!o.dinp_f32) { cudaCheck(cudaFree(d.b.dinp)); d.b.dinp = dalloc<floatX>(N * o.IC); }
         for (int k = 0; k < 3; k++) {
             double flops = 2.0 * N * o.IC * o.OCt() * o.per_step;
-            double ms[3][5] = {{0}};   // [layout][backend], ms a call
+            double ms[3][6] = {{0}};   // [layout][backend], ms a call
             for (int l = 0; l < 3; l++) {
                 // one tensor: the three layouts are the same GEMM; the input gradient: split = sep
                 if ((o.OC.size() == 1 && l != SEP) || (k == INP && l == SPLIT)) {
-                    for (int be = 1; be <= 4; be++) { ms[l][be] = ms[SEP][be]; }
+                    for (int be = 1; be <= 5; be++) { ms[l][be] = ms[SEP][be]; }
                     continue;
                 }
                 std::vector<Gemm> gs = gemms_of(o, (Kind)k, (Layout)l, d.b, (int)N, 0);
                 std::vector<LtPlan> plans;
                 for (const Gemm &g : gs) { plans.push_back(lt_plan(g, 16)); }
-                std::vector<int> best(gs.size(), 0), a0(gs.size(), 0);
+                std::vector<int> best(gs.size(), 0), best5(gs.size(), 0), a0(gs.size(), 0), nsame(gs.size(), 0);
                 float mn;
                 for (int be = 1; be <= 3; be++) {
                     ms[l][be] = time_median(reps, [&]() { run_gemms(gs, be, plans, a0); }, &mn);
                 }
-                // backend 4: each GEMM's fastest heuristic, then the list timed as a whole
+                // backends 4 and 5: each GEMM's fastest heuristic (5: of those with heuristic 0's
+                // bits), then the list timed as a whole
                 for (size_t i = 0; i < gs.size(); i++) {
-                    float bt = 1e30f;
+                    float bt = 1e30f, bt5 = 1e30f;
                     std::vector<Gemm> one = {gs[i]};
                     std::vector<LtPlan> p1 = {plans[i]};
+                    std::vector<int> same = same_bits_as_0(gs[i], plans[i]);
                     for (size_t a = 0; a < plans[i].algos.size(); a++) {
                         std::vector<int> a1 = {(int)a};
                         float t = time_median(std::max(3, reps / 4), [&]() { run_gemms(one, 3, p1, a1); }, &mn);
                         if (t < bt) { bt = t; best[i] = (int)a; }
+                        if (same[a] && t < bt5) { bt5 = t; best5[i] = (int)a; }
+                        nsame[i] += same[a];
                     }
                 }
                 ms[l][4] = time_median(reps, [&]() { run_gemms(gs, 4, plans, best); }, &mn);
+                ms[l][5] = time_median(reps, [&]() { run_gemms(gs, 4, plans, best5); }, &mn);
                 printf("%-8s %-4s %-5s %6d |", o.name, kind_name[k], layout_name[l], o.per_step);
-                for (int be = 1; be <= 4; be++) { printf(" %9.3f", ms[l][be] * o.per_step); }
-                printf(" | %7.0f  (", flops / (ms[l][4] * o.per_step * 1e-3) / 1e12);
-                for (size_t i = 0; i < gs.size(); i++) { printf("%s%d/%zu", i ? " " : "", best[i], plans[i].algos.size()); }
+                for (int be = 1; be <= 5; be++) { printf(" %9.3f", ms[l][be] * o.per_step); }
+                printf(" | %7.0f  (", flops / (ms[l][5] * o.per_step * 1e-3) / 1e12);
+                for (size_t i = 0; i < gs.size(); i++) {
+                    printf("%s%d/%d/%d/%zu", i ? " " : "", best[i], best5[i], nsame[i], plans[i].algos.size());
+                }
                 printf(")\n");
                 for (LtPlan &p : plans) { lt_free(p); }
             }
             for (int l = 0; l < 3; l++) {
-                for (int be = 1; be <= 4; be++) { tot[l][be] += ms[l][be] * o.per_step; }
+                for (int be = 1; be <= 5; be++) { tot[l][be] += ms[l][be] * o.per_step; }
             }
         }
         dev_free(d);
@@ -498,7 +539,7 @@ static int bench(const char *preset, int B, int reps) {
     printf("all the step's matmuls, ms (be1 sep = the trainer today):\n");
     for (int l = 0; l < 3; l++) {
         printf("  %-5s", layout_name[l]);
-        for (int be = 1; be <= 4; be++) { printf("  be%d %7.3f", be, tot[l][be]); }
+        for (int be = 1; be <= 5; be++) { printf("  be%d %7.3f", be, tot[l][be]); }
         printf("\n");
     }
     return 0;

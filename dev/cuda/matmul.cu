@@ -92,7 +92,7 @@ struct Bufs {
 // the GEMMs of op o, kind k, layout l: the trainer's column-major reading of row-major
 // matrices (kernels/matmul.cuh): out^T = W op(T) . inp^T, dinp^T = W^T . dout^T,
 // dW^T += inp^T . dout
-static std::vector<Gemm> gemms_of(const OpDef &o, Kind k, Layout l, const Bufs &b, int N, size_t esz_dinp) {
+static std::vector<Gemm> gemms_of(const OpDef &o, Kind k, Layout l, const Bufs &b, int N) {
     std::vector<Gemm> g;
     const int P = (int)o.OC.size(), OCt = o.OCt(), IC = o.IC;
     auto W_i = [&](int i) { return (const void *)((const char *)b.W + (size_t)o.off(i) * IC * 2); };
@@ -108,7 +108,6 @@ static std::vector<Gemm> gemms_of(const OpDef &o, Kind k, Layout l, const Bufs &
             g.push_back({true, false, o.OC[i], N, IC, W_i(i), IC, b.inp, IC, 0.f, out, l == SEP ? o.OC[i] : OCt, false});
         }
     } else if (k == INP) {
-        (void)esz_dinp;
         if (l == FUSED) { g.push_back({false, false, IC, N, OCt, b.W, IC, b.dout, OCt, 0.f, b.dinp, IC, o.dinp_f32}); }
         for (int i = 0; l != FUSED && i < P; i++) {
             int ld; const void *d = dout_i(i, &ld);
@@ -241,7 +240,7 @@ static int cpu_selftest(uint64_t seed) {
             b.dinp = o.dinp_f32 ? (void *)dinp32.data() : (void *)dinp16.data();
             for (int i = 0; i < P; i++) { outs[i].resize((size_t)N * o.OC[i]); b.outs.push_back(outs[i].data()); b.douts.push_back(douts[i].data()); }
             for (int k = 0; k < 3; k++) {
-                for (const Gemm &g : gemms_of(o, (Kind)k, (Layout)l, b, N, 0)) { emulate(g); }
+                for (const Gemm &g : gemms_of(o, (Kind)k, (Layout)l, b, N)) { emulate(g); }
             }
             std::vector<float> got_out, got_dinp, got_dW(dW.begin(), dW.end());
             for (double x : logical_out(o, (Layout)l, outs, out, N)) { got_out.push_back((float)x); }
@@ -378,7 +377,7 @@ static int check(uint64_t seed) {
                 std::vector<std::vector<LtPlan>> plans(3);
                 size_t nalg = 1;
                 for (int k = 0; k < 3; k++) {
-                    gs[k] = gemms_of(o, (Kind)k, (Layout)l, d.b, N, 0);
+                    gs[k] = gemms_of(o, (Kind)k, (Layout)l, d.b, N);
                     for (const Gemm &g : gs[k]) { plans[k].push_back(lt_plan(g, be == 4 ? 16 : 1)); }
                     for (const LtPlan &p : plans[k]) { if (be >= 3) { nalg = std::max(nalg, p.algos.size()); } }
                 }
@@ -496,7 +495,7 @@ static int bench(const char *preset, int B, int reps) {
                     for (int be = 1; be <= 5; be++) { ms[l][be] = ms[SEP][be]; }
                     continue;
                 }
-                std::vector<Gemm> gs = gemms_of(o, (Kind)k, (Layout)l, d.b, (int)N, 0);
+                std::vector<Gemm> gs = gemms_of(o, (Kind)k, (Layout)l, d.b, (int)N);
                 std::vector<LtPlan> plans;
                 for (const Gemm &g : gs) { plans.push_back(lt_plan(g, 16)); }
                 std::vector<int> best(gs.size(), 0), best5(gs.size(), 0), a0(gs.size(), 0), nsame(gs.size(), 0);

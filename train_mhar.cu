@@ -48,11 +48,11 @@ that read it, in fp32, visiting the slots in reverse order: one (B, T, C) fp32
 slot gradient at a time, written once.
 
 Hyper-connections (SPEC section 8, -r hc -hc_n n): slot j+1 keeps o_j, and the
-n streams after each sublayer are kept (Acts.hcx); kernels/hc.cuh fuses the
+n streams after each sublayer but the last are kept (Acts.hcx); kernels/hc.cuh fuses the
 update of sublayer j with the read of site j+1 and its pre-norm in the forward
 (writing u_{j+1} and its rstd, as std keeps them; the read h_{j+1} is not stored),
 and the norm's and the read's backward of site j with the update's backward of
-sublayer j-1 (recomputing h_j from the streams), keeping one fp32 stream gradient
+sublayer j-1 (recomputing X_j from X_{j-1} and o_{j-1}, then h_j), keeping one fp32 stream gradient
 (N, n, C) updated in place.
 */
 #include <sys/resource.h>
@@ -199,8 +199,8 @@ typedef struct {
     float *null_r;  // (J)        fp32: delta: r of each site's null source
     floatX *gate;   // (N, C)     delta: the site input h_j = x_j + alpha_j mix_j, of the site being
                     //            processed (the backward recomputes it, bit for bit)
-    floatX *hcx;    // (2L, N, n, C)  hc streams X_j after sublayer j-1, j = 1..2L (X_0 is n copies of
-                    //            slot 0, never stored) (hc)
+    floatX *hcx;    // (2L-1, N, n, C)  hc streams X_j after sublayer j-1, j = 1..2L-1 (X_0 is n copies
+                    //            of slot 0, and X_2L is recomputed by the backward: neither stored) (hc)
     float *hc_w;    // (J, n)     fp32 hc read weights softmax(alpha_j); [2L] = 1/n (hc; hc_prepare)
     float *hc_A32;  // (2L, n, n) fp32 copy of hc's A (hc; hc_prepare)
     float *hc_beta32; // (2L, n)  fp32 copy of hc's beta (hc; hc_prepare)
@@ -458,7 +458,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&a->route_lse, routed ? J * N * c->H : 0, S}, {(void **)&a->route_qg, routed ? J * C : 0, S},
         {(void **)&a->h, routed ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
         {(void **)&a->gate, delta ? N * C : 0, X},
-        {(void **)&a->hcx, (J - 1) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
+        {(void **)&a->hcx, (J - 2) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
         {(void **)&a->hc_A32, (J - 1) * hn * hn, S}, {(void **)&a->hc_beta32, (J - 1) * hn, S},
         {(void **)&a->ln, mhar ? N * C : J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
         {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
@@ -756,7 +756,7 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 
 // hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. One fused pass
 // (hc_norm_read_update_backward) over the streams for the CPU's rmsnorm_backward and
-// hc_read_backward of site j (h_j recomputed from the streams X_j) and hc_update_backward
+// hc_read_backward of site j (X_j and h_j recomputed from X_{j-1} and o_{j-1}) and hc_update_backward
 // of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
 // place, g->dout = do_{j-1} (the dout of sublayer j-1), and the norm weight's dw, dA_{j-1},
 // dbeta_{j-1} += their sums, dalpha_j += the softmax's backward of dw_j (the CPU's
@@ -783,7 +783,7 @@ void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
     size_t jp = (size_t)j - 1;
     hc_norm_read_update_backward(g->hc_dXp, g->dout, NULL, NULL, last ? NULL : dp->hcalpha + (size_t)j * n,
                                  dp->hca + jp * n * n, dp->hcbeta + jp * n, dw, g->hc_partial,
-                                 last ? NULL : g->hc_dXp, g->dln, rstd, w, HCX(j), wj, j == 1 ? SLOT(0) : HCX(j - 1),
+                                 last ? NULL : g->hc_dXp, g->dln, rstd, w, NULL, wj, j == 1 ? SLOT(0) : HCX(j - 1),
                                  SLOT(j), a->hc_A32 + jp * n * n, a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
 }
 
@@ -930,7 +930,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
                     // norm, fused: X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r,
                     // u_{j+1} = rmsnorm(h_{j+1}; w) with its rstd
             const size_t n = (size_t)c->n;
-            hc_update_read_norm_forward(HCX(j + 1), ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
+            hc_update_read_norm_forward(j + 1 < 2 * L ? HCX(j + 1) : NULL, ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
                                         SLOT(j + 1), a->hc_A32 + j * n * n, a->hc_beta32 + j * n,
                                         a->hc_w + (j + 1) * n, site_norm_w(m, (int)j + 1), N, c->C, c->n, j == 0);
         } else if (delta) {   // x_{j+1} = x_j + out_j (its statistic into slot j+1's unused r row)

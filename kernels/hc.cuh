@@ -17,7 +17,10 @@
 // A (n, n), beta (n), w (n) fp32 on the device (hc_prepare makes them from the parameters once
 // per forward); g (C) floatX, the norm weight, and its gradient dg (C) fp32.
 // h is never stored: the forward keeps it in registers between its sum of squares and u, and
-// the backward recomputes it, in the same fp32 order, from the streams X_j it reads anyway.
+// the backward recomputes it, in the same fp32 order, from X_j. Nor does the backward read X_j:
+// it recomputes X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1} (hc_update_at, the forward's order
+// and rounding, so the same bits) from the two tensors it reads anyway for the update's
+// backward. The last streams X_{2L} are therefore never read, and the forward need not write them.
 // The final read h_final = mean of the streams is the forward with w = 1/n (its norm: lnfw);
 // its backward is the backward with dXp = NULL (zero) and w = 1/n. The first read (X_0 = n
 // copies of the embedding) needs no stream buffer: h_0 = sum_r w_0[r] wte[token], read from
@@ -32,15 +35,16 @@
 // registers. The row of h (and in the backward du g) stays in registers across the warp's sum
 // (the norm's mean square, or sum_c du g h). Bytes per position per sublayer (bf16 streams,
 // n = 4, C = 512): forward reads X and o, writes X' and u (and rstd): (2n + 2) 2C = 10 KiB;
-// backward reads dXp (4nC), du (4C), X_j (2nC), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp
-// (4nC) and dout (2C): (12n + 8) C = 28 KiB. The parameter gradients are summed
+// backward reads dXp (4nC), du (4C), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp (4nC) and
+// dout (2C): (10n + 8) C = 24 KiB (28 when it read X_j too: lab v3; pass 2's second reads of
+// X_{j-1} and o_{j-1} come from L1 or L2). The parameter gradients are summed
 // deterministically: positions are cut into fixed parts (hc_rows_per_part), a block sums its
 // part in a fixed order into a partial of n + n^2 + n floats (dw, dA, dbeta) and one of C
 // floats (dg, as std's norm backward), and one launch of hc_reduce_kernel adds the partials of
 // every column in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v3 (v1 there: one thread per element, unfused; v2: the fused streams
-// with the norm outside, h stored).
+// Lab: dev/cuda/hc.cu v3 (the forward) and v5 (the backward; v1 there: one thread per element,
+// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -68,6 +72,18 @@ __device__ inline void hc_load_g8(float gf[8], const floatX *g) {
         HcPair v = *reinterpret_cast<const HcPair *>(g + k);
         gf[k] = toF(v.x[0]); gf[k + 1] = toF(v.x[1]);
     }
+}
+
+// X'_r = beta[r] o + sum_s A[r,s] X_s at channel k of a pack, in this fp32 order (one product,
+// then fused multiply-adds in s order): the forward stores it rounded to floatX, and the backward
+// recomputes the same bits from X and o instead of reading X' back.
+template <int NS>
+__device__ __forceinline__ float hc_update_at(const float (&ar)[NS], float br, const float (&x)[NS][8], float ov,
+                                              int k) {
+    float v = br * ov;
+#pragma unroll
+    for (int s = 0; s < NS; s++) { v = __fmaf_rn(ar[s], x[s][k], v); }
+    return v;
 }
 
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
@@ -114,16 +130,10 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
             HcPackX y;
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                float v = x[r][k];
-                if (o) {
-                    v = b[r] * ov[k];
-#pragma unroll
-                    for (int s = 0; s < NS; s++) { v += a[r][s] * x[s][k]; }
-                }
-                y.x[k] = fromF<floatX>(v);
+                y.x[k] = fromF<floatX>(o ? hc_update_at<NS>(a[r], b[r], x, ov[k], k) : x[r][k]);
                 hv[q][k] += wr[r] * toF(y.x[k]);
             }
-            if (o) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
+            if (o && Xn) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) { ss += hv[q][k] * hv[q][k]; }
@@ -147,8 +157,9 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
 // file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
 // A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
-// h_j = sum_r w[r] X_j,r is recomputed from X (xb = 1: X is (N, C), the n equal streams X_0).
-// Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
+// h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from Xprev and o (the
+// forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
+// streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
 // trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
 // gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
@@ -158,8 +169,12 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
 // Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
 // c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
+// Two blocks an SM where the registers allow it without spills (n = 4 at C <= 512, the 100M
+// shape; n = 2 at C <= 1024): the recomputation of X_j needs registers v3 did not, and without
+// the bound ptxas takes 166 at n = 4, C = 512, one block an SM.
+constexpr int hc_bwd_min_blocks(int ns, int npk) { return ns * npk <= 8 && ns <= 4 && npk <= 4 ? 2 : 1; }
 template <int NS, int NPK>
-__global__ void __launch_bounds__(32 * HC_WARPS)
+__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks(NS, NPK))
 hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
                                     const float *dXp_in, const float *du, const float *rstd, const floatX *g,
                                     const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
@@ -196,11 +211,34 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
             if (c0 >= C) { continue; }
             float x[NS][8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
+                float xp[NS][8], ov[8];
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k))); }
+                }
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
+                }
+            }
 #pragma unroll
             for (int r = 0; r < NS; r++) {
-                HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
 #pragma unroll
-                for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); h[q][k] += wr[r] * x[r][k]; }
+                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
             }
             HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
             float gf[8];
@@ -387,7 +425,8 @@ template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) 
 
 // Forward at the boundary of sublayer j and j+1: Xn = A X + beta o, h = sum_r w[r] Xn_r,
 // u = rmsnorm(h; g) (N, C) and its rstd (N). o = NULL: the read and norm alone (h = sum_r
-// w[r] X_r; Xn unused). xb = 1: X is the embedding (N, C), standing for the n equal streams
+// w[r] X_r; Xn unused). Xn = NULL with o: the streams are not written (X_{2L}, which no
+// backward reads). xb = 1: X is the embedding (N, C), standing for the n equal streams
 // X_0 (j = 0).
 static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
                                         const float *A, const float *beta, const float *w, const floatX *g, size_t N,
@@ -412,7 +451,8 @@ static size_t hc_partial_floats(size_t N, int n, int C) {
 // (n, n), dbeta_{j-1} (n), dg_j (C) += (any may be NULL: not kept), and dalpha_j (n) += w
 // (dw_j - sum_t w_t dw_j,t), the softmax's backward of the sums of this call (NULL: none).
 // dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
-// X: the streams X_j read by sublayer j (xb = 1: the embedding (N, C), X_0).
+// X: read only at site 0 (Xprev = NULL): the streams X_0 (xb = 1: the embedding (N, C));
+// elsewhere X_j is recomputed from Xprev and o, and X may be NULL.
 // Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass
 // dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
 // Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for

@@ -14,7 +14,8 @@ Run:
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
-  OP: fwd, bwd; without --op: both. Without --version: every version (1..3).
+  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5; v5 is a
+  backward only, its forward is v3's; v4 is on branch hc4, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
 
@@ -68,6 +69,17 @@ Versions:
       ptxas (sm_90a, CUDA 13) at n = 4, C = 512 (NPK 2): fwd 73, bwd 128 registers, no spills
       (v2 with the same compiler: fwd 80, bwd 148). n = 8 at C > 512 and n = 4 at C = 2048
       spill in the bwd (correct, slower; 100m runs n = 4, C = 512).
+      Since v5 the v3 backward lives here with the names _v3; its forward is kernels/hc.cuh's.
+  v5  kernels/hc.cuh's backward: v3's, except that it does not read X_j. X_j is the update
+      of X_{j-1} and o_{j-1}, which the backward reads anyway (for dA, dbeta and dXp), so its
+      first pass recomputes X_j from them with the forward's arithmetic (hc_update_at: one
+      product, then fused multiply-adds in stream order, then the bf16 rounding), which gives
+      the stored bits exactly; the second pass reads X_{j-1} and o_{j-1} again, from L1 or L2.
+      DRAM bytes: (10n + 8) C instead of (12n + 8) C, 24 KiB at 100m instead of 28. The inputs
+      here are therefore consistent (make_inputs draws Xprev and o and computes X from them,
+      as the forward would), and --check of v5 runs v3 first on the same inputs and requires
+      v5's outputs to be v3's bits. In the trainer the last streams X_{2L} are then read by
+      nobody: the forward does not write them (Xn = NULL, checked in the edges).
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -77,6 +89,7 @@ Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes)
           h, writes dh (10C: 5 KiB): 12 + 33 = 45 KiB.
   v3: fwd reads X, o, writes X' and u (+ rstd): 10 KiB; bwd reads dXp, du (4C), X_j, X_{j-1}, o
           (+ rstd), writes dXp, dout: 28 KiB. 38 KiB in all.
+  v5: bwd as v3 without X_j: (10n + 8) C = 24 KiB; with v3's forward 34 KiB in all.
   std's residual path at the same places (dev/cuda/residual.cu v2): fwd 4 KiB (x, out, y, u; the
   norm included), bwd 8 KiB. Over std's: v2 path +33 KiB, v3 +26 KiB a position a sublayer:
   24 x 32768 x 26 KiB = 21 GB a micro-step, 5.2 ms at 4.0 TB/s (v2 path 6.6 ms).
@@ -381,6 +394,195 @@ static void hc_read_update_backward_v2(float *dXp_out, floatX *dout, float *dx0,
 
 
 // ============================================================================
+// v3: the backward as kernels/hc.cuh had it before v5 (X_j read, not recomputed); the names
+// with _v3. The forward v3 is kernels/hc.cuh's (since v5 its update is hc_update_at, the fp32
+// order both now share).
+// ============================================================================
+
+// Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
+// file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
+// A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// h_j = sum_r w[r] X_j,r is recomputed from X (xb = 1: X is (N, C), the n equal streams X_0).
+// Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
+// trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
+// gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
+// over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
+// dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
+// s^3 / C sum_c du g h), both dot products from the first pass over the row.
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
+// Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
+// c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
+hc_norm_read_update_backward_v3_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
+                                    const float *dXp_in, const float *du, const float *rstd, const floatX *g,
+                                    const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                    const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                    int xpb) {
+    constexpr int NP = 2 * NS + NS * NS;
+    extern __shared__ float hc_gsh[];   // (HC_WARPS, 256 NPK)
+    __shared__ float red[HC_WARPS][NP];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+#pragma unroll
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
+        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+#pragma unroll
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (c0 >= C) { continue; }
+            float x[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+                HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            float gf[8];
+            hc_load_g8(gf, g + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[k];
+                gwx += dug[q][k] * h[q][k];
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
+        }
+        gwx = warp_sum(gwx);
+        const float k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+            if (c0 >= C) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                HcPackF dv;
+                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
+                }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            HcPackX op;
+            float ov[8];
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t = 0.0f;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(t);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                HcPackF out;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
+                    out.x[k] = v;
+                }
+                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out;
+            }
+        }
+    }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
+    }
+}
+
+// Backward of the norm and read of sublayer j and the update of sublayer j-1 (top of file),
+// given du = dL/du_j and the forward's rstd, then the deterministic sums: dw_j (n), dA_{j-1}
+// (n, n), dbeta_{j-1} (n), dg_j (C) += (any may be NULL: not kept), and dalpha_j (n) += w
+// (dw_j - sum_t w_t dw_j,t), the softmax's backward of the sums of this call (NULL: none).
+// dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
+// X: the streams X_j read by sublayer j (xb = 1: the embedding (N, C), X_0).
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass
+// dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
+// Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
+// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch.
+static void hc_norm_read_update_backward_v3(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha,
+                                         float *dA, float *dbeta, float *dg, float *partial, const float *dXp_in,
+                                         const float *du, const float *rstd, const floatX *g, const floatX *X,
+                                         const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                                         const float *beta, size_t N, int C, int n, int xb, int xpb,
+                                         cudaStream_t st = 0) {
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, g, [&](auto npk) {
+            const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_v3_kernel<decltype(ns)::value, decltype(npk)::value>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+        });
+    });
+    launchCheck();
+    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    launchCheck();
+}
+
+
+// ============================================================================
 // fp64 CPU reference (from the bf16 inputs as doubles)
 // ============================================================================
 
@@ -563,6 +765,22 @@ static const Shape check_shapes[] = {{37, 8, 1},  {129, 64, 2}, {300, 512, 4}, {
                                      {77, 256, 8}, {50, 776, 2}, {40, 2048, 4}};
 static const Shape bench_shape = {16 * 2048, 512, 4};
 
+// X' = A X + beta o rounded to bf16, in kernels/hc.cuh's fp32 order (hc_update_at: one product,
+// then fused multiply-adds in stream order), so the same bits as the forward kernel; xb = 1: X
+// is (N, C), the n equal streams of the embedding
+static void host_update(float *Xn, const float *X, const float *o, const float *A, const float *beta, size_t N,
+                        int C, int n, bool xb) {
+    for (size_t p = 0; p < N; p++) {
+        for (int r = 0; r < n; r++) {
+            for (int c = 0; c < C; c++) {
+                float v = beta[r] * o[p * C + c];
+                for (int t = 0; t < n; t++) { v = fmaf(A[r * n + t], X[(xb ? p : p * n + t) * C + c], v); }
+                Xn[(p * n + r) * C + c] = bf2f(f2bf(v));
+            }
+        }
+    }
+}
+
 // host inputs (bf16 values kept as floats so both sides see the same numbers). dh is v1/v2's
 // dL/dh and v3's du (dL/du); g the norm weight (v3), rstd (v3's backward) the fp64 rstd of
 // h = sum_r w[r] X_r rounded to fp32, as the forward would have stored it.
@@ -575,7 +793,7 @@ static Inputs make_inputs(const Shape &s, uint64_t seed) {
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     auto bf = [](double v) { return bf2f(f2bf((float)v)); };
     in.X.resize(NS); in.Xprev.resize(NS); in.o.resize(NC); in.dXp.resize(NS); in.dh.resize(NC);
-    for (auto &v : in.X) { v = bf(host_normal()); }
+    for (auto &v : in.X) { v = bf(host_normal()); }   // replaced below by the update of Xprev and o
     for (auto &v : in.Xprev) { v = bf(host_normal()); }
     for (auto &v : in.o) { v = bf(0.5 * host_normal()); }
     for (auto &v : in.dXp) { v = (float)(0.01 * host_normal()); }
@@ -594,6 +812,9 @@ static Inputs make_inputs(const Shape &s, uint64_t seed) {
         ws += in.w[r];
     }
     for (int r = 0; r < n; r++) { in.w[r] = (float)(in.w[r] / ws); }
+    // X_j as the forward made it from X_{j-1} and o_{j-1} (v5's backward recomputes it; the
+    // earlier versions read it)
+    host_update(in.X.data(), in.Xprev.data(), in.o.data(), in.Aprev.data(), in.bprev.data(), s.N, s.C, n, false);
     in.g.resize(s.C);
     for (auto &v : in.g) { v = bf(1 + 0.1 * host_normal()); }
     std::vector<double> h(NC), u(NC), rs(s.N);
@@ -672,9 +893,13 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
     } else if (ver == 2) {
         hc_read_update_backward_v2(d.dXp, d.dout, NULL, d.dw, d.dA, d.dbeta, d.partial, d.dXp, d.dh, d.X, d.w,
                                    d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n);
-    } else {
+    } else if (ver == 3) {
+        hc_norm_read_update_backward_v3(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
+                                        d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
+                                        0, 0);
+    } else {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
-                                     d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+                                     d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
     }
 }
 
@@ -763,11 +988,14 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
         std::vector<unsigned char> first[7];
-        for (int rep = 0; rep < 2; rep++) {
+        // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits
+        std::vector<unsigned char> v3bits[7];
+        for (int rep = (!fwd && ver == 5) ? -1 : 0; rep < 2; rep++) {
+            const int v = rep < 0 ? 3 : ver;
             Dev d = dev_make(s, in);
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
             zero(d.dalpha, s.n * 4);
-            if (fwd) { run_fwd(ver, s, d); } else { run_bwd(ver, s, d); }
+            if (fwd) { run_fwd(v, s, d); } else { run_bwd(v, s, d); }
             cudaCheck(cudaDeviceSynchronize());
             std::vector<unsigned char> out[7];
             if (fwd) {
@@ -778,7 +1006,18 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 out[0] = fetch_bytes(d.dXp, NS * 4); out[1] = fetch_bytes(d.dout, NC * 2);
                 out[2] = fetch_bytes(d.dw, s.n * 4); out[3] = fetch_bytes(d.dA, s.n * s.n * 4);
                 out[4] = fetch_bytes(d.dbeta, s.n * 4);
-                if (ver == 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
+                if (v >= 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
+            }
+            if (rep < 0) {
+                for (int k = 0; k < 7; k++) { v3bits[k] = out[k]; }
+                dev_free(d);
+                continue;
+            }
+            if (rep == 0 && ver == 5 && !fwd) {
+                bool same = true;
+                for (int k = 0; k < 7; k++) { same &= out[k] == v3bits[k]; }
+                printf("  v3's bits %s", same ? "identical" : "DIFFERENT (FAIL)");
+                ok &= same;
             }
             if (rep == 0) {
                 if (fwd) {
@@ -814,7 +1053,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                     }
                     ok &= compare("dA", bytes_f32(out[3]), dA, 1e-4, 1e-5);
                     ok &= compare("dbeta", bytes_f32(out[4]), db, 1e-4, 1e-5);
-                    if (ver == 3) {
+                    if (ver >= 3) {
                         ok &= compare("dg", bytes_f32(out[5]), dg, 1e-4, 1e-4);
                         std::vector<double> da = ref_softmax_backward(dw, in.w);
                         ok &= compare("dalpha", bytes_f32(out[6]), da, 1e-4, 1e-4);
@@ -904,13 +1143,15 @@ static bool check_edges_v2(uint64_t seed) {
     return ok;
 }
 
-// v3's trainer paths (kernels/hc.cuh, as train_mhar.cu calls them): the forward of sublayer 0's
-// update from the embedding (xb), site 0's read and norm alone (o = NULL, xb: site_forward),
-// the final site's backward (dXp_in = NULL), the update of sublayer 0 in the backward (xpb:
-// Xprev = the embedding), and site 0's norm and read backward (X = the embedding with xb,
-// Xprev = NULL: dx0 += sum_r dX_0, the embedding's fp32 gradient, and dg). The tolerances are
-// check_op's.
-static bool check_edges_v3(uint64_t seed) {
+// The trainer's paths (kernels/hc.cuh, as train_mhar.cu calls them) with the backward of v3 or
+// v5: the forward of sublayer 0's update from the embedding (xb), and of the last sublayer
+// without its streams (Xn = NULL: u and rstd must not change), site 0's read and norm alone
+// (o = NULL, xb: site_forward), the final site's backward (dXp_in = NULL), the update of
+// sublayer 0 in the backward (xpb: Xprev = the embedding; X_1 is then the update of the
+// embedding's streams), and site 0's norm and read backward (X = the embedding with xb, Xprev =
+// NULL: dx0 += sum_r dX_0, the embedding's fp32 gradient, and dg). v5 gets X = NULL wherever
+// Xprev is given. The tolerances are check_op's.
+static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
@@ -924,7 +1165,18 @@ static bool check_edges_v3(uint64_t seed) {
     auto zero_grads = [&]() { zero(d.dw, n * 4); zero(d.dA, n * n * 4); zero(d.dbeta, n * 4); zero(d.dg, s.C * 4); };
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
-    printf("edges v3 N=%zu C=%d n=%d:", s.N, s.C, n);
+    printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
+    auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
+                        float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
+                        const floatX *o, const float *A, const float *beta, int xb, int xpb) {
+        if (ver == 3) {
+            hc_norm_read_update_backward_v3(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh,
+                                            rstd, d.g, X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
+        } else {
+            hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd,
+                                         d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
+        }
+    };
     // 1. sublayer 0's update from the embedding (xb = 1), site 1's read and norm
     hc_update_read_norm_forward(d.Xn, d.u, d.rstd, dx0, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, n, 1);
     ref_forward(D(X0).data(), D(in.o).data(), D(in.A).data(), D(in.beta).data(), D(in.w).data(), s.N, s.C, n, true,
@@ -933,6 +1185,15 @@ static bool check_edges_v3(uint64_t seed) {
     ok &= compare("xb:Xn", xg, Xn, 1.0 / 128, 1e-6);
     ok &= check_norm_fwd("xb:", D(xg), in.w, in.g, fetch_bytes(d.u, NC * 2), fetch_bytes(d.rstd, s.N * 4), s.N,
                          s.C, n);
+    // 1b. the same without the streams (Xn = NULL, the trainer's last sublayer): u and rstd bit for bit
+    {
+        std::vector<unsigned char> u1 = fetch_bytes(d.u, NC * 2), r1 = fetch_bytes(d.rstd, s.N * 4);
+        zero(d.u, NC * 2); zero(d.rstd, s.N * 4);
+        hc_update_read_norm_forward(NULL, d.u, d.rstd, dx0, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, n, 1);
+        bool same = fetch_bytes(d.u, NC * 2) == u1 && fetch_bytes(d.rstd, s.N * 4) == r1;
+        printf("  noXn:u,rstd %s", same ? "identical" : "DIFFERENT (FAIL)");
+        ok &= same;
+    }
     // 2. site 0: the read of X_0 and its norm alone (o = NULL, xb = 1)
     hc_update_read_norm_forward(NULL, d.u, d.rstd, dx0, NULL, NULL, NULL, d.w, d.g, s.N, s.C, n, 1);
     ok &= check_norm_fwd("read0:", D(X0), in.w, in.g, fetch_bytes(d.u, NC * 2), fetch_bytes(d.rstd, s.N * 4), s.N,
@@ -940,18 +1201,22 @@ static bool check_edges_v3(uint64_t seed) {
     // 3. the final site: dXp_in = NULL (zero)
     std::vector<double> zeros(NS, 0.0);
     zero_grads(); clear();
-    hc_norm_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, NULL, d.dh,
-                                 d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, n, 0, 0);
+    backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, NULL, d.rstd_in, d.X, d.Xprev, d.o, d.Aprev,
+             d.bprev, 0, 0);
     ref_backward3(in, zeros, D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
                   dg.data());
     ok &= compare("final:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
     ok &= compare("final:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
     ok &= compare("final:dg", bytes_f32(fetch_bytes(d.dg, s.C * 4)), dg, 1e-4, 1e-4);
     // 4. the update of sublayer 0 (xpb = 1: Xprev = the embedding)
+    // X_1 = the update of X_0 (what the forward stored); rstd_in stays the inputs' (any positive value)
+    std::vector<float> X1(NS);
+    host_update(X1.data(), x0.data(), in.o.data(), in.Aprev.data(), in.bprev.data(), s.N, s.C, n, true);
+    floatX *dX1 = upload<floatX>(X1);
     zero_grads(); clear();
-    hc_norm_read_update_backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
-                                 d.rstd_in, d.g, d.X, d.w, dx0, d.o, d.Aprev, d.bprev, s.N, s.C, n, 0, 1);
-    ref_backward3(in, D(in.dXp), D(in.X), D(X0), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
+    backward(d.dXtmp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.dXp, d.rstd_in, dX1, dx0, d.o, d.Aprev,
+             d.bprev, 0, 1);
+    ref_backward3(in, D(in.dXp), D(X1), D(X0), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
                   dg.data());
     ok &= compare("xpb:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
     ok &= compare("xpb:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
@@ -964,8 +1229,7 @@ static bool check_edges_v3(uint64_t seed) {
     float *rstd0 = upload<float>(rxf);
     zero_grads(); clear();
     cudaCheck(cudaMemcpy(d.dXtmp, d.dh, NC * 4, cudaMemcpyDeviceToDevice));
-    hc_norm_read_update_backward(NULL, NULL, d.dXtmp, NULL, NULL, NULL, NULL, d.dg, d.partial, d.dXp, d.dh, rstd0,
-                                 d.g, dx0, d.w, NULL, NULL, NULL, NULL, s.N, s.C, n, 1, 0);
+    backward(NULL, NULL, d.dXtmp, NULL, NULL, NULL, NULL, d.dg, d.dXp, rstd0, dx0, NULL, NULL, NULL, NULL, 1, 0);
     ref_norm_backward(D(in.dh).data(), hx.data(), D(rxf).data(), D(in.g).data(), s.N, s.C, dh.data(), dg.data());
     for (size_t p = 0; p < s.N; p++) {
         for (int c = 0; c < s.C; c++) {
@@ -977,14 +1241,16 @@ static bool check_edges_v3(uint64_t seed) {
     ok &= compare("first:dx0", bytes_f32(fetch_bytes(d.dXtmp, NC * 4)), dout, 1e-5, 1e-6);
     ok &= compare("first:dg", bytes_f32(fetch_bytes(d.dg, s.C * 4)), dg, 1e-4, 1e-4);
     printf("\n");
-    cudaCheck(cudaFree(dx0)); cudaCheck(cudaFree(rstd0));
+    cudaCheck(cudaFree(dx0)); cudaCheck(cudaFree(rstd0)); cudaCheck(cudaFree(dX1));
     dev_free(d);
     return ok;
 }
 
-// the op's minimum bytes (top of file); v3 adds the rstd row (4 B a position) each way
-static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver == 3 ? 4 : 0)) * s.N; }
-static double bwd_bytes(const Shape &s, int ver) { return ((12.0 * s.n + 8) * s.C + (ver == 3 ? 4 : 0)) * s.N; }
+// the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
+static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
+static double bwd_bytes(const Shape &s, int ver) {   // v5 does not read X_j: (10n + 8) C
+    return (((ver == 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
+}
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
@@ -1005,16 +1271,18 @@ static void print_bytes(void) {
     // the trainer's path per sublayer: v2 with std's norm kernels beside it (rmsnorm_forward reads h,
     // writes u: 4C; rmsnorm_backward_residual reads du and h, writes dh: 10C), or v3 alone
     const double f2 = fwd_bytes(s, 2) + 4 * C * s.N, b2 = bwd_bytes(s, 2) + 10 * C * s.N;
-    const double f3 = fwd_bytes(s, 3), b3 = bwd_bytes(s, 3);
+    const double f3 = fwd_bytes(s, 3), b3 = bwd_bytes(s, 3), b5 = bwd_bytes(s, 5);
     const double fstd = 8 * C * s.N, bstd = 16 * C * s.N;   // std's residual path (residual.cu v2): 4 + 8 KiB
     printf("100m (N=%zu C=%d n=%d), bytes per position per sublayer, the op alone: fwd %.1f KiB, bwd %.1f KiB\n",
            s.N, s.C, s.n, fwd_bytes(s, 2) / K, bwd_bytes(s, 2) / K);
     printf("with the pre-norm: v2 + std's norm kernels fwd %.1f + bwd %.1f KiB; v3 (fused) fwd %.1f + bwd %.1f KiB;"
-           " std's residual path %.1f + %.1f KiB\n", f2 / K, b2 / K, f3 / K, b3 / K, fstd / K, bstd / K);
-    printf("a micro-step (24 boundaries each way): v2 path %.2f GB (%.2f ms at 4.0 TB/s), v3 %.2f GB (%.2f ms);"
-           " over std's: v2 +%.2f ms, v3 +%.2f ms\n", 24 * (f2 + b2) / 1e9, 24 * (f2 + b2) / 4.0e9,
-           24 * (f3 + b3) / 1e9, 24 * (f3 + b3) / 4.0e9, 24 * (f2 + b2 - fstd - bstd) / 4.0e9,
-           24 * (f3 + b3 - fstd - bstd) / 4.0e9);
+           " v5 bwd %.1f KiB; std's residual path %.1f + %.1f KiB\n", f2 / K, b2 / K, f3 / K, b3 / K, b5 / K,
+           fstd / K, bstd / K);
+    printf("a micro-step (24 boundaries each way): v2 path %.2f GB (%.2f ms at 4.0 TB/s), v3 %.2f GB (%.2f ms),"
+           " v3 + v5 %.2f GB (%.2f ms); over std's: v2 +%.2f ms, v3 +%.2f ms, v3 + v5 +%.2f ms\n",
+           24 * (f2 + b2) / 1e9, 24 * (f2 + b2) / 4.0e9, 24 * (f3 + b3) / 1e9, 24 * (f3 + b3) / 4.0e9,
+           24 * (f3 + b5) / 1e9, 24 * (f3 + b5) / 4.0e9, 24 * (f2 + b2 - fstd - bstd) / 4.0e9,
+           24 * (f3 + b3 - fstd - bstd) / 4.0e9, 24 * (f3 + b5 - fstd - bstd) / 4.0e9);
     printf("kept for the backward: streams %d B per position per sublayer (bf16), %.2f GB for 24 boundaries;"
            " v2 also h, %.2f GB for 25 sites (v3 none)\n", 2 * s.n * s.C, 24.0 * s.N * s.n * s.C * 2 / 1e9,
            25.0 * s.N * s.C * 2 / 1e9);
@@ -1058,7 +1326,7 @@ static bool emu_v3(const Shape &s, uint64_t seed) {
                     float hv = 0.0f;
                     for (int r = 0; r < n; r++) {
                         float v = in.beta[r] * in.o[p * C + c];
-                        for (int t = 0; t < n; t++) { v += in.A[r * n + t] * in.X[(p * n + t) * C + c]; }
+                        for (int t = 0; t < n; t++) { v = fmaf(in.A[r * n + t], in.X[(p * n + t) * C + c], v); }
                         Xn[(p * n + r) * C + c] = bfr(v);
                         hv += in.w[r] * Xn[(p * n + r) * C + c];
                     }
@@ -1322,29 +1590,31 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver > 3 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1..3] [--check] [--bench] [--seed S] [--reps R];"
-                        "  hc --all;  hc --cpu-selftest;  hc --bytes\n");
+    if (ver < 0 || ver == 4 || ver > 5 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5] [--check] [--bench] [--seed S] [--reps R];"
+                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4 is on branch hc4)\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    const int v0 = ver ? ver : 1, v1 = ver ? ver : 3;
+    std::vector<int> vers;   // v5 is a backward only (its forward is v3's)
+    for (int v : {1, 2, 3, 5}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
-        for (int v = v0; v <= v1; v++) {
-            if (op_fwd) { ok &= check_op(true, v, seed); }
+        for (int v : vers) {
+            if (op_fwd && v != 5) { ok &= check_op(true, v, seed); }
             if (op_bwd) { ok &= check_op(false, v, seed); }
         }
-        if (v0 <= 2 && v1 >= 2) { ok &= check_edges_v2(seed); }
-        if (v1 == 3) { ok &= check_edges_v3(seed); }
+        if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
+        if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
+        if (ver == 0 || ver == 5) { ok &= check_edges_v3(seed, 5); }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
-        for (int v = v0; v <= v1; v++) {
-            if (op_fwd) { bench_op(true, v, reps, seed, gbs); }
+        for (int v : vers) {
+            if (op_fwd && v != 5) { bench_op(true, v, reps, seed, gbs); }
             if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
         }
     }

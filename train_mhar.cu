@@ -930,7 +930,8 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
                     // norm, fused: X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r,
                     // u_{j+1} = rmsnorm(h_{j+1}; w) with its rstd
             const size_t n = (size_t)c->n;
-            hc_update_read_norm_forward(j + 1 < 2 * L ? HCX(j + 1) : NULL, ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
+            floatX *Xn = j + 1 < 2 * L ? HCX(j + 1) : NULL;   // X_2L is not stored: the backward recomputes it
+            hc_update_read_norm_forward(Xn, ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
                                         SLOT(j + 1), a->hc_A32 + j * n * n, a->hc_beta32 + j * n,
                                         a->hc_w + (j + 1) * n, site_norm_w(m, (int)j + 1), N, c->C, c->n, j == 0);
         } else if (delta) {   // x_{j+1} = x_j + out_j (its statistic into slot j+1's unused r row)

@@ -159,8 +159,8 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
 // h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from Xprev and o (the
 // forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
-// streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the
-// trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's
+// gradient, the trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
 // gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
 // over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
@@ -225,7 +225,9 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
                 for (int r = 0; r < NS; r++) {
 #pragma unroll
-                    for (int k = 0; k < 8; k++) { x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k))); }
+                    for (int k = 0; k < 8; k++) {
+                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
+                    }
                 }
             } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
 #pragma unroll

@@ -14,8 +14,9 @@ Run:
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
-  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5; v5 is a
-  backward only, its forward is v3's; v4 is on branch hc4, measured and not kept).
+  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8; v5
+  to v8 are backwards only, their forward is v3's; v4 is in commit 7959a47, merged and
+  reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
 
@@ -80,6 +81,15 @@ Versions:
       as the forward would), and --check of v5 runs v3 first on the same inputs and requires
       v5's outputs to be v3's bits. In the trainer the last streams X_{2L} are then read by
       nobody: the forward does not write them (Xn = NULL, checked in the edges).
+  v6  v5 with the position's dXp rows staged in shared memory by cp.async when the position
+      starts (64 KiB a block at 100m), so that their DRAM round trip overlaps the first pass
+      instead of following the row's sums. v5's bits (--check requires them).
+  v7  v6 with the copies issued one position ahead (when the warp finishes the previous one).
+  v8  v5 with dXp stored in 24 bits a value (fp32 rounded to nearest even at bit 8; the top 16
+      bits in a uint16 array, the next 8 in a uint8 array): (8n + 8) C bytes a position, 20 KiB
+      at 100m. On the same 24-bit inputs its outputs are v5's bits, dXp_out v5's rounded to 24
+      bits (--check requires both); the reference check allows dXp the extra 2^-17 rounding.
+      None of v6..v8 is in the trainer: NOTES_hc.md ("v6, v7, v8") has their measurements.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -581,6 +591,303 @@ static void hc_norm_read_update_backward_v3(float *dXp_out, floatX *dout, float 
     launchCheck();
 }
 
+// ============================================================================
+// v6, v7, v8: v5's backward with dXp moved another way (one kernel, hc_..._v6_kernel<.., VER>).
+// v6, v7: v5 with the position's stream gradient dXp_in staged in shared memory by cp.async
+// (16 bytes a copy, each lane its own chunks), so that its DRAM round trip overlaps the first
+// pass: v5 loads dXp in the second pass, after the row's sums, so each position waits for two
+// round trips one after the other. v6 issues the copies when the position starts; v7 one
+// position ahead (when the warp finishes the previous one; its first before the loop). The
+// arithmetic is v5's, in v5's order: the same bits. Shared memory per block: v5's dg shares,
+// then HC_WARPS stages of n x 256 NPK floats (64 KiB at n = 4, C = 512); chunk (r, q, half) of
+// lane l at ((r NPK + q) 2 + half) 32 + l in float4 units (a quarter warp reads 128 contiguous
+// bytes: no bank conflicts). A stage is rewritten only after its lane has read its own chunks
+// (the copies of a lane land in its own chunks only). Where the stages do not fit
+// (HC_STAGE_MAX bytes a block) the launcher runs v5.
+// ============================================================================
+#define HC_STAGE_MAX (96 * 1024)
+__device__ __forceinline__ void hc_cp16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void hc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void hc_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// this lane's chunks of position p's dXp rows into its warp's stage (nothing past C)
+template <int NS, int NPK>
+__device__ __forceinline__ void hc_stage_dxp(float4 *stage, const float *dXp, size_t p, int C, int lane) {
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+            if (c0 >= C) { continue; }
+            const float *src = dXp + (p * NS + r) * C + c0;
+            hc_cp16(stage + ((r * NPK + q) * 2) * 32 + lane, src);
+            hc_cp16(stage + ((r * NPK + q) * 2 + 1) * 32 + lane, src + 4);
+        }
+    }
+    hc_cp_commit();
+}
+
+// v8: v5 with the stream gradient dXp stored in 24 bits a value instead of 32: fp32 rounded to
+// nearest even at bit 8 and kept as its top 16 bits (hi, (N, n, C) uint16: sign, exponent, 7
+// bits of significand, i.e. a bf16) and the next 8 (lo, (N, n, C) uint8). Relative rounding
+// error at most 2^-17 (7.6e-6) a store, against bf16's 2^-9; the kernel's arithmetic stays
+// fp32, in v5's order, so on the same (24-bit) inputs every output is v5's bits and dXp_out is
+// v5's rounded to 24 bits. DRAM bytes (8n + 8) C + 4 instead of (10n + 8) C + 4: 20 KiB a
+// position at 100m instead of 24.
+
+// 8 values of a 24-bit array at element i (a multiple of 8): one 16-byte and one 8-byte load
+__device__ __forceinline__ void hc24_load8(float v[8], const uint16_t *hi, const uint8_t *lo, size_t i) {
+    const uint4 hv = *reinterpret_cast<const uint4 *>(hi + i);
+    const uint2 lv = *reinterpret_cast<const uint2 *>(lo + i);
+    const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w}, lw[2] = {lv.x, lv.y};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t hk = (hw[k / 2] >> (16 * (k % 2))) & 0xFFFFu, lk = (lw[k / 4] >> (8 * (k % 4))) & 0xFFu;
+        v[k] = __uint_as_float((hk << 16) | (lk << 8));
+    }
+}
+// fp32 -> its top 24 bits, rounded to nearest even (the 8 dropped bits)
+__device__ __host__ __forceinline__ uint32_t hc24_round(uint32_t u) { return (u + 0x7Fu + ((u >> 8) & 1u)) >> 8; }
+__device__ __forceinline__ void hc24_store8(uint16_t *hi, uint8_t *lo, size_t i, const float v[8]) {
+    uint32_t hw[4] = {0, 0, 0, 0}, lw[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t t = hc24_round(__float_as_uint(v[k]));
+        hw[k / 2] |= (t >> 8) << (16 * (k % 2));
+        lw[k / 4] |= (t & 0xFFu) << (8 * (k % 4));
+    }
+    *reinterpret_cast<uint4 *>(hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    *reinterpret_cast<uint2 *>(lo + i) = make_uint2(lw[0], lw[1]);
+}
+// the lab's conversions: fp32 (count values) -> 24-bit arrays, and back
+__global__ void hc24_encode_kernel(uint16_t *hi, uint8_t *lo, const float *x, size_t count) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) { return; }
+    const uint32_t t = hc24_round(__float_as_uint(x[i]));
+    hi[i] = (uint16_t)(t >> 8); lo[i] = (uint8_t)(t & 0xFFu);
+}
+__global__ void hc24_decode_kernel(float *x, const uint16_t *hi, const uint8_t *lo, size_t count) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) { return; }
+    x[i] = __uint_as_float(((uint32_t)hi[i] << 16) | ((uint32_t)lo[i] << 8));
+}
+
+// v6, v7, v8 (VER): v5's kernel with dXp read and written as the version says (v8: dxh, dxl
+// instead of dXp_in, dXp_out, which are then NULL; v6, v7: dxh and dxl NULL)
+template <int NS, int NPK, int VER>
+__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks(NS, NPK))
+hc_norm_read_update_backward_v6_kernel(float *dXp_out, uint16_t *dxh_out, uint8_t *dxl_out, floatX *dout, float *dx0,
+                                       float *partial, float *gpart, const float *dXp_in, const uint16_t *dxh_in,
+                                       const uint8_t *dxl_in, const float *du, const float *rstd, const floatX *g,
+                                       const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                       const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                       int xpb) {
+    constexpr int NP = 2 * NS + NS * NS;
+    constexpr bool STAGED = VER != 8, AHEAD = VER == 7;
+    const bool has_in = VER == 8 ? dxh_in != NULL : dXp_in != NULL;
+    extern __shared__ float4 hc_ssh[];   // (HC_WARPS, 64 NPK) float4 of dg shares, then (HC_WARPS, 64 NS NPK) stages
+    __shared__ float red[HC_WARPS][NP];
+    float *hc_gsh = reinterpret_cast<float *>(hc_ssh);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    float4 *stage = hc_ssh + (size_t)HC_WARPS * 64 * NPK + (size_t)warp * 64 * NS * NPK;
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+#pragma unroll
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    if (AHEAD && has_in && p0 + warp < p1) { hc_stage_dxp<NS, NPK>(stage, dXp_in, p0 + warp, C, lane); }
+    for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
+        if (STAGED && !AHEAD && has_in) { hc_stage_dxp<NS, NPK>(stage, dXp_in, p, C, lane); }
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
+        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+#pragma unroll
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (c0 >= C) { continue; }
+            float x[NS][8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
+                float xp[NS][8], ov[8];
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
+                    }
+                }
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            float gf[8];
+            hc_load_g8(gf, g + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[k];
+                gwx += dug[q][k] * h[q][k];
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
+        }
+        gwx = warp_sum(gwx);
+        const float k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        if (STAGED && has_in) { hc_cp_wait_all(); }   // this lane's staged dXp chunks have landed
+        // pass 2: dh, then the read's and the update's backward
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+            if (c0 >= C) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (has_in && VER == 8) { hc24_load8(dv, dxh_in, dxl_in, (p * NS + r) * C + c0); }
+                if (has_in && STAGED) {
+                    const float4 lo = stage[((r * NPK + q) * 2) * 32 + lane];
+                    const float4 hi = stage[((r * NPK + q) * 2 + 1) * 32 + lane];
+                    dv[0] = lo.x; dv[1] = lo.y; dv[2] = lo.z; dv[3] = lo.w;
+                    dv[4] = hi.x; dv[5] = hi.y; dv[6] = hi.z; dv[7] = hi.w;
+                }
+#pragma unroll
+                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            HcPackX op;
+            float ov[8];
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t = 0.0f;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(t);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                HcPackF out;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
+                    out.x[k] = v;
+                }
+                if (VER == 8) { hc24_store8(dxh_out, dxl_out, (p * NS + s2) * C + c0, out.x); }
+                else { *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out; }
+            }
+        }
+        if (AHEAD && has_in && p + HC_WARPS < p1) { hc_stage_dxp<NS, NPK>(stage, dXp_in, p + HC_WARPS, C, lane); }
+    }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
+    }
+}
+
+// v6 (ver 6), v7 (ver 7) where their stages fit, else v5 (kernels/hc.cuh); v8 (ver 8: dXp in
+// dxh, dxl; dXp_in, dXp_out unused). The other arguments are hc_norm_read_update_backward's.
+static void hc_norm_read_update_backward_v6(int ver, float *dXp_out, uint16_t *dxh_out, uint8_t *dxl_out,
+                                            floatX *dout, float *dx0, float *dw, float *dalpha, float *dA,
+                                            float *dbeta, float *dg, float *partial, const float *dXp_in,
+                                            const uint16_t *dxh_in, const uint8_t *dxl_in, const float *du,
+                                            const float *rstd, const floatX *g, const floatX *X, const float *w,
+                                            const floatX *Xprev, const floatX *o, const float *A, const float *beta,
+                                            size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
+    const int q = (int)ceil_div(C, 256), npk = q <= 2 ? q : q <= 4 ? 4 : 8;   // hc_pack_dispatch's NPK
+    if (ver != 8 && (size_t)HC_WARPS * n * 256 * npk * sizeof(float) > HC_STAGE_MAX) {
+        hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, partial, dXp_in, du, rstd, g, X,
+                                     w, Xprev, o, A, beta, N, C, n, xb, xpb, st);
+        return;
+    }
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, g, [&](auto npk) {
+            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
+            const size_t smem = (size_t)HC_WARPS * 256 * NPK_ * sizeof(float) * (ver == 8 ? 1 : 1 + NS_);
+            auto launch = [&](auto kernel) {
+                if (smem > 48 * 1024) {
+                    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                }
+                kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dxh_out, dxl_out, dout, dx0, partial, gpart, dXp_in,
+                                                       dxh_in, dxl_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C,
+                                                       rows, xb, xpb);
+            };
+            if (ver == 6) { launch(hc_norm_read_update_backward_v6_kernel<NS_, NPK_, 6>); }
+            else if (ver == 7) { launch(hc_norm_read_update_backward_v6_kernel<NS_, NPK_, 7>); }
+            else { launch(hc_norm_read_update_backward_v6_kernel<NS_, NPK_, 8>); }
+        });
+    });
+    launchCheck();
+    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    launchCheck();
+}
 
 // ============================================================================
 // fp64 CPU reference (from the bf16 inputs as doubles)
@@ -594,6 +901,14 @@ static uint16_t f2bf(float f) {
     return (uint16_t)(u >> 16);
 }
 static double round_bf16(double v) { return (double)bf2f(f2bf((float)v)); }
+// fp32 rounded to its top 24 bits (v8's storage of dXp; hc24_round)
+static float round24(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u = hc24_round(u) << 8;
+    memcpy(&v, &u, 4);
+    return v;
+}
 
 // fwd: Xn = A X + beta o (rounded to bf16 when rnd), h = sum_r w[r] Xn_r (unrounded)
 static void ref_forward(const double *X, const double *o, const double *A, const double *beta, const double *w,
@@ -839,6 +1154,8 @@ template <typename T> static T *upload(const std::vector<float> &v) {
 struct Dev {
     floatX *X, *Xprev, *o, *Xn, *h, *dout, *u, *g;
     float *dXp, *dXtmp, *dh, *A, *beta, *w, *Aprev, *bprev, *dw, *dA, *dbeta, *partial, *rstd, *rstd_in, *dg, *dalpha;
+    uint16_t *dxh;   // v8: dXp in 24 bits (hc24_encode of dXp before a run, decoded into dXp after)
+    uint8_t *dxl;
     int P, rows;
 };
 static Dev dev_make(const Shape &s, const Inputs &in) {
@@ -847,6 +1164,7 @@ static Dev dev_make(const Shape &s, const Inputs &in) {
     d.X = upload<floatX>(in.X); d.Xprev = upload<floatX>(in.Xprev); d.o = upload<floatX>(in.o);
     d.Xn = dalloc<floatX>(NS); d.h = dalloc<floatX>(NC); d.dout = dalloc<floatX>(NC); d.u = dalloc<floatX>(NC);
     d.dXp = upload<float>(in.dXp); d.dXtmp = dalloc<float>(NS); d.dh = upload<float>(in.dh);
+    d.dxh = dalloc<uint16_t>(NS); d.dxl = dalloc<uint8_t>(NS);
     d.A = upload<float>(in.A); d.beta = upload<float>(in.beta); d.w = upload<float>(in.w);
     d.Aprev = upload<float>(in.Aprev); d.bprev = upload<float>(in.bprev);
     d.g = upload<floatX>(in.g); d.rstd_in = upload<float>(in.rstd);
@@ -860,7 +1178,7 @@ static Dev dev_make(const Shape &s, const Inputs &in) {
 }
 static void dev_free(Dev &d) {
     void *ps[] = {d.X, d.Xprev, d.o, d.Xn, d.h, d.dout, d.u, d.g, d.dXp, d.dXtmp, d.dh, d.A, d.beta, d.w, d.Aprev,
-                  d.bprev, d.dw, d.dA, d.dbeta, d.partial, d.rstd, d.rstd_in, d.dg, d.dalpha};
+                  d.bprev, d.dw, d.dA, d.dbeta, d.partial, d.rstd, d.rstd_in, d.dg, d.dalpha, d.dxh, d.dxl};
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
@@ -897,9 +1215,16 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_norm_read_update_backward_v3(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
                                         0, 0);
-    } else {   // v5: X = NULL, X_j recomputed from Xprev and o
+    } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
                                      d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+    } else {   // v6, v7: dXp staged (v5 itself where the stages do not fit); v8: dXp in 24 bits, in
+               // place in d.dxh, d.dxl (check_op encodes d.dXp into them before and decodes after)
+        const bool b24 = ver == 8;
+        hc_norm_read_update_backward_v6(ver, b24 ? NULL : d.dXp, b24 ? d.dxh : NULL, b24 ? d.dxl : NULL, d.dout, NULL,
+                                        d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, b24 ? NULL : d.dXp,
+                                        b24 ? d.dxh : NULL, b24 ? d.dxl : NULL, d.dh, d.rstd_in, d.g, NULL, d.w,
+                                        d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
     }
 }
 
@@ -986,16 +1311,26 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         const Shape &s = check_shapes[si];
         Inputs in = make_inputs(s, seed + si);
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
+        if (ver == 8) { for (float &v : in.dXp) { v = round24(v); } }   // v8 (and v5 beside it) read 24-bit dXp
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
         std::vector<unsigned char> first[7];
-        // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits
+        // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
+        // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits)
+        const int base = ver == 5 ? 3 : 5;
         std::vector<unsigned char> v3bits[7];
-        for (int rep = (!fwd && ver == 5) ? -1 : 0; rep < 2; rep++) {
-            const int v = rep < 0 ? 3 : ver;
+        for (int rep = (!fwd && ver >= 5) ? -1 : 0; rep < 2; rep++) {
+            const int v = rep < 0 ? base : ver;
             Dev d = dev_make(s, in);
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
             zero(d.dalpha, s.n * 4);
-            if (fwd) { run_fwd(v, s, d); } else { run_bwd(v, s, d); }
+            if (fwd) { run_fwd(v, s, d); }
+            else if (v == 8) {
+                hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, d.dXp, NS);
+                launchCheck();
+                run_bwd(v, s, d);
+                hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(d.dXp, d.dxh, d.dxl, NS);
+                launchCheck();
+            } else { run_bwd(v, s, d); }
             cudaCheck(cudaDeviceSynchronize());
             std::vector<unsigned char> out[7];
             if (fwd) {
@@ -1009,14 +1344,22 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 if (v >= 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
             }
             if (rep < 0) {
+                if (ver == 8) {   // v8 stores dXp rounded to 24 bits: v5's, rounded
+                    for (size_t i = 0; i < NS; i++) {
+                        float v;
+                        memcpy(&v, out[0].data() + 4 * i, 4);
+                        v = round24(v);
+                        memcpy(out[0].data() + 4 * i, &v, 4);
+                    }
+                }
                 for (int k = 0; k < 7; k++) { v3bits[k] = out[k]; }
                 dev_free(d);
                 continue;
             }
-            if (rep == 0 && ver == 5 && !fwd) {
+            if (rep == 0 && ver >= 5 && !fwd) {
                 bool same = true;
                 for (int k = 0; k < 7; k++) { same &= out[k] == v3bits[k]; }
-                printf("  v3's bits %s", same ? "identical" : "DIFFERENT (FAIL)");
+                printf("  v%d's bits %s", base, same ? "identical" : "DIFFERENT (FAIL)");
                 ok &= same;
             }
             if (rep == 0) {
@@ -1042,7 +1385,8 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                         ref_backward3(in, D(in.dXp), D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(),
                                       dA.data(), db.data(), dg.data());
                     }
-                    ok &= compare("dXp", bytes_f32(out[0]), dXn, 1e-5, 1e-6);
+                    // v8 stores dXp rounded to 24 bits: one more rounding, 2^-17 of the value
+                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 ? 1e-5 + 1.0 / 131072 : 1e-5, 1e-6);
                     ok &= compare("dout", bytes_bf16_to_f(out[1]), dout, 1.0 / 256, 1e-6);
                     if (ver < 3) {
                         ok &= compare("dw", bytes_f32(out[2]), dw, 1e-4, 1e-5);
@@ -1172,6 +1516,10 @@ static bool check_edges_v3(uint64_t seed, int ver) {
         if (ver == 3) {
             hc_norm_read_update_backward_v3(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh,
                                             rstd, d.g, X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
+        } else if (ver >= 6) {
+            hc_norm_read_update_backward_v6(ver, dXp_out, NULL, NULL, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+                                            dXp_in, NULL, NULL, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A,
+                                            beta, s.N, s.C, n, xb, xpb);
         } else {
             hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd,
                                          d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
@@ -1248,20 +1596,31 @@ static bool check_edges_v3(uint64_t seed, int ver) {
 
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
-static double bwd_bytes(const Shape &s, int ver) {   // v5 does not read X_j: (10n + 8) C
-    return (((ver == 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
+static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
+    return (((ver == 8 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
 }
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
     Inputs in = make_inputs(s, seed);
     Dev d = dev_make(s, in);
+    if (ver == 8) { hc24_encode_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.dxh, d.dxl, d.dXp, s.N * s.n * s.C); }
     float mn;
     float ms = time_median(reps, [&]() { if (fwd) { run_fwd(ver, s, d); } else { run_bwd(ver, s, d); } }, &mn);
     double bytes = fwd ? fwd_bytes(s, ver) : bwd_bytes(s, ver);
     printf("%s v%d N=%zu C=%d n=%d: %.3f ms (min %.3f), %.0f GB/s; floor %.3f ms at 4.0 TB/s, %.3f at %.0f GB/s;"
            " x24 a step: %.2f ms\n", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n, ms, mn, bytes / (ms * 1e-3) / 1e9,
            bytes / 4.0e12 * 1e3, bytes / (gbs * 1e9) * 1e3, gbs, 24 * ms);
+    if (!fwd && ver == 5) {   // the share of the parameter sums' reduction launch (every version from v3 has it)
+        const int NP = 2 * s.n + s.n * s.n;
+        float rms = time_median(reps, [&]() {
+            hc_reduce_kernel<<<ceil_div(NP + s.C, 32), dim3(32, 32)>>>(d.dw, d.dA, d.dbeta, d.dg, d.dalpha, d.w,
+                                                                       d.partial, d.P, s.n, s.C);
+            launchCheck();
+        }, &mn);
+        printf("  of which hc_reduce_kernel alone (%d partials, %d columns): %.4f ms; x24 a step: %.2f ms\n", d.P,
+               NP + s.C, rms, 24 * rms);
+    }
     dev_free(d);
 }
 
@@ -1271,13 +1630,13 @@ static void print_bytes(void) {
     // the trainer's path per sublayer: v2 with std's norm kernels beside it (rmsnorm_forward reads h,
     // writes u: 4C; rmsnorm_backward_residual reads du and h, writes dh: 10C), or v3 alone
     const double f2 = fwd_bytes(s, 2) + 4 * C * s.N, b2 = bwd_bytes(s, 2) + 10 * C * s.N;
-    const double f3 = fwd_bytes(s, 3), b3 = bwd_bytes(s, 3), b5 = bwd_bytes(s, 5);
+    const double f3 = fwd_bytes(s, 3), b3 = bwd_bytes(s, 3), b5 = bwd_bytes(s, 5), b8 = bwd_bytes(s, 8);
     const double fstd = 8 * C * s.N, bstd = 16 * C * s.N;   // std's residual path (residual.cu v2): 4 + 8 KiB
     printf("100m (N=%zu C=%d n=%d), bytes per position per sublayer, the op alone: fwd %.1f KiB, bwd %.1f KiB\n",
            s.N, s.C, s.n, fwd_bytes(s, 2) / K, bwd_bytes(s, 2) / K);
     printf("with the pre-norm: v2 + std's norm kernels fwd %.1f + bwd %.1f KiB; v3 (fused) fwd %.1f + bwd %.1f KiB;"
-           " v5 bwd %.1f KiB; std's residual path %.1f + %.1f KiB\n", f2 / K, b2 / K, f3 / K, b3 / K, b5 / K,
-           fstd / K, bstd / K);
+           " v5 bwd %.1f KiB (v8, dXp in 24 bits: %.1f); std's residual path %.1f + %.1f KiB\n", f2 / K, b2 / K,
+           f3 / K, b3 / K, b5 / K, b8 / K, fstd / K, bstd / K);
     printf("a micro-step (24 boundaries each way): v2 path %.2f GB (%.2f ms at 4.0 TB/s), v3 %.2f GB (%.2f ms),"
            " v3 + v5 %.2f GB (%.2f ms); over std's: v2 +%.2f ms, v3 +%.2f ms, v3 + v5 +%.2f ms\n",
            24 * (f2 + b2) / 1e9, 24 * (f2 + b2) / 4.0e9, 24 * (f3 + b3) / 1e9, 24 * (f3 + b3) / 4.0e9,
@@ -1590,31 +1949,31 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver > 5 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5] [--check] [--bench] [--seed S] [--reps R];"
-                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4 is on branch hc4)\n");
+    if (ver < 0 || ver == 4 || ver > 8 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8] [--check] [--bench] [--seed S] [--reps R];"
+                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47)\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    std::vector<int> vers;   // v5 is a backward only (its forward is v3's)
-    for (int v : {1, 2, 3, 5}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    std::vector<int> vers;   // v5, v6, v7 are backwards only (their forward is v3's)
+    for (int v : {1, 2, 3, 5, 6, 7, 8}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v : vers) {
-            if (op_fwd && v != 5) { ok &= check_op(true, v, seed); }
+            if (op_fwd && v < 5) { ok &= check_op(true, v, seed); }
             if (op_bwd) { ok &= check_op(false, v, seed); }
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        if (ver == 0 || ver == 5) { ok &= check_edges_v3(seed, 5); }
+        for (int v : {5, 6, 7}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
         for (int v : vers) {
-            if (op_fwd && v != 5) { bench_op(true, v, reps, seed, gbs); }
+            if (op_fwd && v < 5) { bench_op(true, v, reps, seed, gbs); }
             if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
         }
     }

@@ -1957,7 +1957,7 @@ int main(int argc, char **argv) {
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    std::vector<int> vers;   // v5, v6, v7 are backwards only (their forward is v3's)
+    std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
     for (int v : {1, 2, 3, 5, 6, 7, 8}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;

@@ -29,11 +29,12 @@
 //
 // The kernel's idea: the update of sublayer j, the read of sublayer j+1 and its norm touch the
 // same n streams, so one pass does them all (forward), and the norm's and the read's backward
-// of j and the update's backward of j-1 likewise (backward). One warp per position; lane l
-// holds the 16-byte packs of 8 channels l, l + 32, ... (NPK of them, a template parameter:
-// 1, 2, 4 or 8, so C <= 2048), n a template parameter (1, 2, 4, 8) so the n x n mix stays in
-// registers. The row of h (and in the backward du g) stays in registers across the warp's sum
-// (the norm's mean square, or sum_c du g h). Bytes per position per sublayer (bf16 streams,
+// of j and the update's backward of j-1 likewise (backward). The forward has one warp per
+// position, the backward a pair of warps, each with half the row; lane l holds the 16-byte
+// packs of 8 channels l, l + 32, ... of its warp's channels (NPK of them, a template
+// parameter: 1, 2, 4 or 8, so C <= 2048), n a template parameter (1, 2, 4, 8) so the n x n mix
+// stays in registers. The row of h (and in the backward du g) stays in registers across the
+// row's sum (the norm's mean square, or sum_c du g h). Bytes per position per sublayer (bf16 streams,
 // n = 4, C = 512): forward reads X and o, writes X' and u (and rstd): (2n + 2) 2C = 10 KiB;
 // backward reads dXp (4nC), du (4C), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp (4nC) and
 // dout (2C): (10n + 8) C = 24 KiB (28 when it read X_j too: lab v3; pass 2's second reads of
@@ -43,8 +44,9 @@
 // floats (dg, as std's norm backward), and one launch of hc_reduce_kernel adds the partials of
 // every column in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v3 (the forward) and v5 (the backward; v1 there: one thread per element,
-// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed).
+// Lab: dev/cuda/hc.cu v3 (the forward) and v9 (the backward; v1 there: one thread per element,
+// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed;
+// v5: a warp a position).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -161,29 +163,43 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
 // streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's
 // gradient, the trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
+// A pair of warps per position (warps 2i and 2i + 1 of the block), each holding half of its
+// channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
+// packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Half a row a lane
+// fits in 96 registers at n = 4, C = 512 (a whole row took 127): five blocks of 4 warps an
+// SM, 20 warps, where a warp a position fitted 16, and this kernel waits on memory. The
+// row's sum sum_c du g h (for the norm's k3) is the two halves' warp sums, added in half
+// order: each warp's lane 0 writes its half into xch[parity][pair][hf], the pair meets at
+// a named barrier (id 1 + pair, 64 threads), and both add the two. xch alternates with the
+// position's parity: the pair's next write to an entry follows its next barrier, which the
+// partner reaches only after reading this one.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
 // gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
-// over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
+// over its pair's positions in order; then the lanes (fixed butterfly) and the warps (in order).
 // dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
-// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
-// Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
-// c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
-// Two blocks an SM where the registers allow it without spills (n = 4 at C <= 512, the 100M
-// shape; n = 2 at C <= 1024): the recomputation of X_j needs registers v3 did not, and without
-// the bound ptxas takes 166 at n = 4, C = 512, one block an SM.
-constexpr int hc_bwd_min_blocks(int ns, int npk) { return ns * npk <= 8 && ns <= 4 && npk <= 4 ? 2 : 1; }
+// Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's running share of dg,
+// channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's words in distinct banks).
+// Blocks an SM (__launch_bounds__): 5 (96 registers) where that needs no spills (n npk <= 4,
+// npk <= 2: n = 4 at C <= 512, the 100M shape), else 4 (128 registers) up to n npk = 8, else 2.
+#define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
+constexpr int hc_bwd_min_blocks(int ns, int npk) {
+    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
+}
 template <int NS, int NPK>
-__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks(NS, NPK))
+__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
 hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
                                     const float *dXp_in, const float *du, const float *rstd, const floatX *g,
                                     const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
                                     const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
                                     int xpb) {
-    constexpr int NP = 2 * NS + NS * NS;
-    extern __shared__ float hc_gsh[];   // (HC_WARPS, 256 NPK)
-    __shared__ float red[HC_WARPS][NP];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
+    extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
+    __shared__ float red[HC_BWD_WARPS][NP];
+    __shared__ float xch[2][PAIRS][2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
+    const int C0 = 8 * ((C / 8 + 1) / 2), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
     float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
     float a[NS][NS], b[NS], wr[NS], acc[NP];
 #pragma unroll
@@ -198,20 +214,21 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
     for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
     const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
-    for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
+    int par = 0;
+    for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
         const float s = rstd[p];
-        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
         float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
 #pragma unroll
         for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
 #pragma unroll
         for (int q = 0; q < NPK; q++) {
-            const int c0 = (lane + 32 * q) * 8;
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
 #pragma unroll
             for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
-            if (c0 >= C) { continue; }
+            if (lc >= Ch) { continue; }
             float x[NS][8];
-            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits
                 float xp[NS][8], ov[8];
 #pragma unroll
                 for (int s2 = 0; s2 < NS; s2++) {
@@ -229,7 +246,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                         x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
                     }
                 }
-            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+            } else {
 #pragma unroll
                 for (int r = 0; r < NS; r++) {
                     HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
@@ -246,7 +263,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             float gf[8];
             hc_load_g8(gf, g + c0);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+            for (int k = 0; k < 8; k++) {
                 dug[q][k] = d0.x[k] * gf[k];
                 gwx += dug[q][k] * h[q][k];
                 gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
@@ -254,18 +271,21 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                 for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
             }
         }
-        gwx = warp_sum(gwx);
+        gwx = warp_sum(gwx);   // this half's sum, then the pair's: half 0's + half 1's
+        if (lane == 0) { xch[par][pair][hf] = gwx; }
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + pair), "r"(64) : "memory");
+        gwx = xch[par][pair][0] + xch[par][pair][1];
         const float k3 = s * s * s / C * gwx;
 #pragma unroll
-        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
-        // pass 2: dh, then the read's and the update's backward
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }
+        // pass 2: dh, then the read's and the update's backward (v5's)
 #pragma unroll
         for (int q = 0; q < NPK; q++) {
-            const int c0 = (lane + 32 * q) * 8;
-            if (c0 >= C) { continue; }
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
+            if (lc >= Ch) { continue; }
             float d[NS][8];
 #pragma unroll
-            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+            for (int r = 0; r < NS; r++) {
                 HcPackF dv;
                 if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
 #pragma unroll
@@ -273,7 +293,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                     d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
                 }
             }
-            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+            if (Xprev == NULL) {
                 HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -289,7 +309,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
             for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
 #pragma unroll
-            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+            for (int k = 0; k < 8; k++) {
                 float t = 0.0f;
 #pragma unroll
                 for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
@@ -297,7 +317,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             }
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+            for (int s2 = 0; s2 < NS; s2++) {
                 HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
                 HcPackF out;
 #pragma unroll
@@ -321,16 +341,17 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
     __syncthreads();
     for (int i = threadIdx.x; i < NP; i += blockDim.x) {
         float t = 0.0f;
-        for (int k = 0; k < HC_WARPS; k++) { t += red[k][i]; }
+        for (int k = 0; k < HC_BWD_WARPS; k++) { t += red[k][i]; }
         partial[(size_t)blockIdx.x * NP + i] = t;
     }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {   // channel c: half c >= C0, held by the warps of that half
+        const int h2 = c >= C0, lc = c - h2 * C0, i = 32 * (8 * (lc / 256) + lc % 8) + lc / 8 % 32;
         float t = 0.0f;
-        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        for (int k = h2; k < HC_BWD_WARPS; k += 2) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
         gpart[(size_t)blockIdx.x * C + c] = t;
     }
 }
+
 
 // The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
 // rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
@@ -405,10 +426,11 @@ template <typename F> static void hc_dispatch(int n, F f) {
     else { fprintf(stderr, "error: hc kernels take n = 1, 2, 4 or 8 streams, not %d\n", n); exit(1); }
 }
 
-// Calls f(integral_constant NPK) with NPK = the 8-channel packs per lane, C / 256 rounded up to
-// 1, 2, 4 or 8; dies when C is not a multiple of 8 or is over 2048, or when the norm weight g
-// is not aligned for hc_load_g8.
-template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) {
+// Calls f(integral_constant NPK) with NPK = the 8-channel packs per lane, cw / 256 rounded up to
+// 1, 2, 4 or 8, for a warp holding cw channels of a row (the forward: the whole row, cw = C;
+// the backward: half of it); dies when C is not a multiple of 8 or is over 2048, or when the
+// norm weight g is not aligned for hc_load_g8.
+template <typename F> static void hc_pack_dispatch(int C, int cw, const floatX *g, F f) {
     if ((uintptr_t)g % (2 * sizeof(floatX)) != 0) {
         fprintf(stderr, "error: hc kernels read the norm weight in pairs; it is not %d-byte aligned\n",
                 (int)(2 * sizeof(floatX)));
@@ -418,7 +440,7 @@ template <typename F> static void hc_pack_dispatch(int C, const floatX *g, F f) 
         fprintf(stderr, "error: hc kernels need C a multiple of 8 from 8 to 2048, not %d\n", C);
         exit(1);
     }
-    const int q = (int)ceil_div(C, 256);
+    const int q = (int)ceil_div(cw, 256);
     if (q == 1) { f(std::integral_constant<int, 1>()); }
     else if (q == 2) { f(std::integral_constant<int, 2>()); }
     else if (q <= 4) { f(std::integral_constant<int, 4>()); }
@@ -434,7 +456,7 @@ static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, cons
                                         const float *A, const float *beta, const float *w, const floatX *g, size_t N,
                                         int C, int n, int xb = 0, cudaStream_t st = 0) {
     hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, g, [&](auto npk) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
             hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value>
                 <<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
         });
@@ -468,14 +490,15 @@ static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, g, [&](auto npk) {
-            const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
-            auto kernel = hc_norm_read_update_backward_kernel<decltype(ns)::value, decltype(npk)::value>;
+        hc_pack_dispatch(C, 8 * ((C / 8 + 1) / 2), g, [&](auto npk) {   // NPK: the packs of half 0, the larger
+            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
+            const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_>;
             if (smem > 48 * 1024) {
                 cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             }
-            kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
-                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+            kernel<<<P, 32 * HC_BWD_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                       Xprev, o, A, beta, N, C, rows, xb, xpb);
         });
     });
     launchCheck();

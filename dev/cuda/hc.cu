@@ -14,8 +14,8 @@ Run:
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
-  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8; v5
-  to v8 are backwards only, their forward is v3's; v4 is in commit 7959a47, merged and
+  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9;
+  v5 to v9 are backwards only, their forward is v3's; v4 is in commit 7959a47, merged and
   reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
@@ -71,7 +71,8 @@ Versions:
       (v2 with the same compiler: fwd 80, bwd 148). n = 8 at C > 512 and n = 4 at C = 2048
       spill in the bwd (correct, slower; 100m runs n = 4, C = 512).
       Since v5 the v3 backward lives here with the names _v3; its forward is kernels/hc.cuh's.
-  v5  kernels/hc.cuh's backward: v3's, except that it does not read X_j. X_j is the update
+  v5  the trainer's backward before v9 (here with the names _v5 since): v3's, except that it
+      does not read X_j. X_j is the update
       of X_{j-1} and o_{j-1}, which the backward reads anyway (for dA, dbeta and dXp), so its
       first pass recomputes X_j from them with the forward's arithmetic (hc_update_at: one
       product, then fused multiply-adds in stream order, then the bf16 rounding), which gives
@@ -90,6 +91,13 @@ Versions:
       at 100m. On the same 24-bit inputs its outputs are v5's bits, dXp_out v5's rounded to 24
       bits (--check requires both); the reference check allows dXp the extra 2^-17 rounding.
       None of v6..v8 is in the trainer: NOTES_hc.md ("v6, v7, v8") has their measurements.
+  v9  kernels/hc.cuh's backward: v5 with each position split over a pair of warps, each
+      holding half of the row's channels (half 0 the first 8 ceil(C / 16)), so that a lane
+      keeps half as many packs: 96 registers at n = 4, C = 512 without spills (v5: 127), blocks
+      of 4 warps, 5 blocks and 20 warps an SM (v5: 16). The row's sum for the norm's k3 is the
+      two halves' warp sums, exchanged through shared memory at a named barrier of the pair.
+      Its sums over the channels are in another order than v5's, so --check holds it to the
+      fp64 reference alone (v5's tolerances), and runs the edges.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -576,7 +584,7 @@ static void hc_norm_read_update_backward_v3(float *dXp_out, floatX *dout, float 
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, g, [&](auto npk) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
             const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
             auto kernel = hc_norm_read_update_backward_v3_kernel<decltype(ns)::value, decltype(npk)::value>;
             if (smem > 48 * 1024) {
@@ -592,6 +600,215 @@ static void hc_norm_read_update_backward_v3(float *dXp_out, floatX *dout, float 
 }
 
 // ============================================================================
+// ============================================================================
+// v5: the trainer's backward before v9 (kernels/hc.cuh; bodies unchanged, the names with _v5):
+// one warp per position, the whole row a lane's packs (127 registers at n = 4, C = 512: two
+// blocks of 8 warps an SM). v6, v7, v8 below are variants of it.
+// ============================================================================
+// Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
+// file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
+// A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from Xprev and o (the
+// forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
+// streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's
+// gradient, the trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
+// gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
+// over its warp's positions in order; then the lanes (fixed butterfly) and the warps (in order).
+// dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
+// s^3 / C sum_c du g h), both dot products from the first pass over the row.
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
+// Dynamic shared memory: HC_WARPS x 256 NPK floats, each warp's running share of dg, channel
+// c = 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's 32-bit words in distinct banks).
+// Two blocks an SM where the registers allow it without spills (n = 4 at C <= 512, the 100M
+// shape; n = 2 at C <= 1024): the recomputation of X_j needs registers v3 did not, and without
+// the bound ptxas takes 166 at n = 4, C = 512, one block an SM.
+constexpr int hc_bwd_min_blocks_v5(int ns, int npk) { return ns * npk <= 8 && ns <= 4 && npk <= 4 ? 2 : 1; }
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks_v5(NS, NPK))
+hc_norm_read_update_backward_v5_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
+                                       const float *dXp_in, const float *du, const float *rstd, const floatX *g,
+                                       const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                       const float *A, const float *beta, size_t N, int C, int rows_per_part,
+                                       int xb, int xpb) {
+    constexpr int NP = 2 * NS + NS * NS;
+    extern __shared__ float hc_gsh[];   // (HC_WARPS, 256 NPK)
+    __shared__ float red[HC_WARPS][NP];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+#pragma unroll
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    for (size_t p = p0 + warp; p < p1; p += HC_WARPS) {
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the row's sums
+        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+#pragma unroll
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (c0 >= C) { continue; }
+            float x[NS][8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
+                float xp[NS][8], ov[8];
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
+                    }
+                }
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            float gf[8];
+            hc_load_g8(gf, g + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[k];
+                gwx += dug[q][k] * h[q][k];
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
+        }
+        gwx = warp_sum(gwx);
+        const float k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int c0 = (lane + 32 * q) * 8;
+            if (c0 >= C) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                HcPackF dv;
+                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
+                }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            HcPackX op;
+            float ov[8];
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t = 0.0f;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(t);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                HcPackF out;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
+                    out.x[k] = v;
+                }
+                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out;
+            }
+        }
+    }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const int i = 32 * (8 * (c / 256) + c % 8) + c / 8 % 32;
+        float t = 0.0f;
+        for (int k = 0; k < HC_WARPS; k++) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
+    }
+}
+
+// v5's launcher (kernels/hc.cuh's before v9)
+static void hc_norm_read_update_backward_v5(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha,
+                                            float *dA, float *dbeta, float *dg, float *partial, const float *dXp_in,
+                                            const float *du, const float *rstd, const floatX *g, const floatX *X,
+                                            const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                                            const float *beta, size_t N, int C, int n, int xb, int xpb,
+                                            cudaStream_t st = 0) {
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
+            const size_t smem = (size_t)HC_WARPS * 256 * decltype(npk)::value * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_v5_kernel<decltype(ns)::value, decltype(npk)::value>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+        });
+    });
+    launchCheck();
+    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    launchCheck();
+}
+
+
 // v6, v7, v8: v5's backward with dXp moved another way (one kernel, hc_..._v6_kernel<.., VER>).
 // v6, v7: v5 with the position's stream gradient dXp_in staged in shared memory by cp.async
 // (16 bytes a copy, each lane its own chunks), so that its DRAM round trip overlaps the first
@@ -678,7 +895,7 @@ __global__ void hc24_decode_kernel(float *x, const uint16_t *hi, const uint8_t *
 // v6, v7, v8 (VER): v5's kernel with dXp read and written as the version says (v8: dxh, dxl
 // instead of dXp_in, dXp_out, which are then NULL; v6, v7: dxh and dxl NULL)
 template <int NS, int NPK, int VER>
-__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks(NS, NPK))
+__global__ void __launch_bounds__(32 * HC_WARPS, hc_bwd_min_blocks_v5(NS, NPK))
 hc_norm_read_update_backward_v6_kernel(float *dXp_out, uint16_t *dxh_out, uint8_t *dxl_out, floatX *dout, float *dx0,
                                        float *partial, float *gpart, const float *dXp_in, const uint16_t *dxh_in,
                                        const uint8_t *dxl_in, const float *du, const float *rstd, const floatX *g,
@@ -861,14 +1078,14 @@ static void hc_norm_read_update_backward_v6(int ver, float *dXp_out, uint16_t *d
                                             size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
     const int q = (int)ceil_div(C, 256), npk = q <= 2 ? q : q <= 4 ? 4 : 8;   // hc_pack_dispatch's NPK
     if (ver != 8 && (size_t)HC_WARPS * n * 256 * npk * sizeof(float) > HC_STAGE_MAX) {
-        hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, partial, dXp_in, du, rstd, g, X,
+        hc_norm_read_update_backward_v5(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, partial, dXp_in, du, rstd, g, X,
                                      w, Xprev, o, A, beta, N, C, n, xb, xpb, st);
         return;
     }
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, g, [&](auto npk) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
             const size_t smem = (size_t)HC_WARPS * 256 * NPK_ * sizeof(float) * (ver == 8 ? 1 : 1 + NS_);
             auto launch = [&](auto kernel) {
@@ -889,6 +1106,7 @@ static void hc_norm_read_update_backward_v6(int ver, float *dXp_out, uint16_t *d
     launchCheck();
 }
 
+// ============================================================================
 // ============================================================================
 // fp64 CPU reference (from the bf16 inputs as doubles)
 // ============================================================================
@@ -1215,9 +1433,13 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_norm_read_update_backward_v3(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
                                         0, 0);
-    } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
+    } else if (ver == 9) {   // v9 (kernels/hc.cuh): v5 split over a pair of warps a position
         hc_norm_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
                                      d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+    } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
+        hc_norm_read_update_backward_v5(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
+                                        d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
+                                        0, 0);
     } else {   // v6, v7: dXp staged (v5 itself where the stages do not fit); v8: dXp in 24 bits, in
                // place in d.dxh, d.dxl (check_op encodes d.dXp into them before and decodes after)
         const bool b24 = ver == 8;
@@ -1318,7 +1540,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits)
         const int base = ver == 5 ? 3 : 5;
         std::vector<unsigned char> v3bits[7];
-        for (int rep = (!fwd && ver >= 5) ? -1 : 0; rep < 2; rep++) {
+        for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
             Dev d = dev_make(s, in);
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
@@ -1356,7 +1578,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 dev_free(d);
                 continue;
             }
-            if (rep == 0 && ver >= 5 && !fwd) {
+            if (rep == 0 && ver >= 5 && ver != 9 && !fwd) {
                 bool same = true;
                 for (int k = 0; k < 7; k++) { same &= out[k] == v3bits[k]; }
                 printf("  v%d's bits %s", base, same ? "identical" : "DIFFERENT (FAIL)");
@@ -1516,11 +1738,15 @@ static bool check_edges_v3(uint64_t seed, int ver) {
         if (ver == 3) {
             hc_norm_read_update_backward_v3(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh,
                                             rstd, d.g, X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
-        } else if (ver >= 6) {
+        } else if (ver == 5) {
+            hc_norm_read_update_backward_v5(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh,
+                                            rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb,
+                                            xpb);
+        } else if (ver >= 6 && ver <= 8) {
             hc_norm_read_update_backward_v6(ver, dXp_out, NULL, NULL, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                                             dXp_in, NULL, NULL, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A,
                                             beta, s.N, s.C, n, xb, xpb);
-        } else {
+        } else {   // v9 (kernels/hc.cuh)
             hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd,
                                          d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
         }
@@ -1949,8 +2175,8 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver > 8 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8] [--check] [--bench] [--seed S] [--reps R];"
+    if (ver < 0 || ver == 4 || ver > 9 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9] [--check] [--bench] [--seed S] [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47)\n");
         return 1;
     }
@@ -1958,7 +2184,7 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
@@ -1968,7 +2194,7 @@ int main(int argc, char **argv) {
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);

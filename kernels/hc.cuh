@@ -167,9 +167,8 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // A pair of warps per position (warps 2i and 2i + 1 of the block), each holding half of its
 // channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
 // packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Half a row a lane
-// fits in 96 registers at n = 4, C = 512 (a whole row took 127): five blocks of 4 warps an
-// SM, 20 warps, where a warp a position fitted 16, and this kernel waits on memory. The
-// row's sum sum_c du g h (for the norm's k3) is the two halves' warp sums, added in half
+// takes 96 registers at n = 4, C = 512 (a whole row took 127), and the kernel runs as blocks
+// of 4 warps, 4 blocks an SM (16 warps; below). The row's sum sum_c du g h (for the norm's k3) is the two halves' warp sums, added in half
 // order: each warp's lane 0 writes its half into xch[parity][pair][hf], the pair meets at
 // a named barrier (id 1 + pair, 64 threads), and both add the two. xch alternates with the
 // position's parity: the pair's next write to an entry follows its next barrier, which the
@@ -181,8 +180,11 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
 // Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's running share of dg,
 // channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's words in distinct banks).
-// Blocks an SM (__launch_bounds__): 5 (96 registers) where that needs no spills (n npk <= 4,
-// npk <= 2: n = 4 at C <= 512, the 100M shape), else 4 (128 registers) up to n npk = 8, else 2.
+// Blocks an SM: __launch_bounds__ asks for 5 (96 registers) where that needs no spills
+// (n npk <= 4, npk <= 2: n = 4 at C <= 512, the 100M shape), else 4 (128 registers) up to
+// n npk = 8, else 2. The barrier id in a register makes ptxas reserve all 16 of a block's
+// barriers, so the SM runs at most 4 blocks, 16 warps: with the ids as immediates (3
+// barriers, 5 blocks, 20 warps) this kernel was slower on the H200 (lab NOTES_hc.md, "v9").
 #define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
 constexpr int hc_bwd_min_blocks(int ns, int npk) {
     return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;

@@ -94,8 +94,10 @@ Versions:
   v9  kernels/hc.cuh's backward: v5 with each position split over a pair of warps, each
       holding half of the row's channels (half 0 the first 8 ceil(C / 16)), so that a lane
       keeps half as many packs: 96 registers at n = 4, C = 512 without spills (v5: 127), blocks
-      of 4 warps, 5 blocks and 20 warps an SM (v5: 16). The row's sum for the norm's k3 is the
-      two halves' warp sums, exchanged through shared memory at a named barrier of the pair.
+      of 4 warps, 4 an SM (16 warps, as v5: the barrier id in a register reserves all 16 of a
+      block's barriers; 5 blocks, with immediate ids, measured slower: NOTES_hc.md, "v9").
+      The row's sum for the norm's k3 is the two halves' warp sums, exchanged through shared
+      memory at a named barrier of the pair.
       Its sums over the channels are in another order than v5's, so --check holds it to the
       fp64 reference alone (v5's tolerances), and runs the edges.
 

@@ -168,11 +168,11 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
 // packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Half a row a lane
 // takes 96 registers at n = 4, C = 512 (a whole row took 127), and the kernel runs as blocks
-// of 4 warps, 4 blocks an SM (16 warps; below). The row's sum sum_c du g h (for the norm's k3) is the two halves' warp sums, added in half
-// order: each warp's lane 0 writes its half into xch[parity][pair][hf], the pair meets at
-// a named barrier (id 1 + pair, 64 threads), and both add the two. xch alternates with the
-// position's parity: the pair's next write to an entry follows its next barrier, which the
-// partner reaches only after reading this one.
+// of 4 warps, 4 blocks an SM (16 warps; below). The row's sum sum_c du g h (for the norm's
+// k3) is the two halves' warp sums, added in half order: each warp's lane 0 writes its half
+// into xch[parity][pair][hf], the pair meets at a named barrier (id 1 + pair, 64 threads), and
+// both add the two. xch alternates with the position's parity: the pair's next write to an
+// entry follows its next barrier, which the partner reaches only after reading this one.
 // partial (gridDim.x, 2n + n^2): this block's share of dw_j (n), dA_{j-1} (n, n), dbeta_{j-1} (n);
 // gpart (gridDim.x, C): its share of the norm weight's gradient dg_j. Each lane sums its terms
 // over its pair's positions in order; then the lanes (fixed butterfly) and the warps (in order).
@@ -186,6 +186,8 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 // barriers, so the SM runs at most 4 blocks, 16 warps: with the ids as immediates (3
 // barriers, 5 blocks, 20 warps) this kernel was slower on the H200 (lab NOTES_hc.md, "v9").
 #define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
+// channels of half 0 of a row of C (the larger half: 8 ceil(C / 16), whole 16-byte packs)
+__host__ __device__ constexpr int hc_bwd_half0(int C) { return 8 * ((C / 8 + 1) / 2); }
 constexpr int hc_bwd_min_blocks(int ns, int npk) {
     return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
 }
@@ -201,7 +203,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
     __shared__ float red[HC_BWD_WARPS][NP];
     __shared__ float xch[2][PAIRS][2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
-    const int C0 = 8 * ((C / 8 + 1) / 2), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
+    const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
     float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
     float a[NS][NS], b[NS], wr[NS], acc[NP];
 #pragma unroll
@@ -230,7 +232,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
             if (lc >= Ch) { continue; }
             float x[NS][8];
-            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
                 float xp[NS][8], ov[8];
 #pragma unroll
                 for (int s2 = 0; s2 < NS; s2++) {
@@ -248,7 +250,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                         x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
                     }
                 }
-            } else {
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
 #pragma unroll
                 for (int r = 0; r < NS; r++) {
                     HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
@@ -265,7 +267,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             float gf[8];
             hc_load_g8(gf, g + c0);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
                 dug[q][k] = d0.x[k] * gf[k];
                 gwx += dug[q][k] * h[q][k];
                 gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
@@ -279,15 +281,15 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
         gwx = xch[par][pair][0] + xch[par][pair][1];
         const float k3 = s * s * s / C * gwx;
 #pragma unroll
-        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }
-        // pass 2: dh, then the read's and the update's backward (v5's)
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
 #pragma unroll
         for (int q = 0; q < NPK; q++) {
             const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
             if (lc >= Ch) { continue; }
             float d[NS][8];
 #pragma unroll
-            for (int r = 0; r < NS; r++) {
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
                 HcPackF dv;
                 if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
 #pragma unroll
@@ -295,7 +297,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
                     d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
                 }
             }
-            if (Xprev == NULL) {
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
                 HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -311,7 +313,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
             for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
                 float t = 0.0f;
 #pragma unroll
                 for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
@@ -319,7 +321,7 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             }
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) {
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
                 HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
                 HcPackF out;
 #pragma unroll
@@ -353,7 +355,6 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
         gpart[(size_t)blockIdx.x * C + c] = t;
     }
 }
-
 
 // The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
 // rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
@@ -492,7 +493,7 @@ static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, 8 * ((C / 8 + 1) / 2), g, [&](auto npk) {   // NPK: the packs of half 0, the larger
+        hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {   // NPK: the packs of half 0
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
             const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
             auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_>;

@@ -254,7 +254,7 @@ typedef struct {
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
     float *hc_dXp;  // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
                     //            site j, updated in place from site 2L down to site 1 (hc)
-    float *hc_partial; // (hc_partial_floats(N, n, C))  per-part sums of dw, dA, dbeta and the norm
+    float *hc_partial; // (J, hc_partial_floats(N, n, C))  per site: per-part sums of dw, dA, dbeta and the norm
                        //            weight's gradient (hc)
     float *att_D;   // (B, NH, T)  dout . out per attention row
     float *partial; // (RED_PARTS_MAX, C)  per-partition sums of the deterministic reductions
@@ -488,7 +488,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
         {(void **)&g->hc_dXp, N * hn * C, S},
-        {(void **)&g->hc_partial, hc ? hc_partial_floats(N, c->n, c->C) : 0, S},
+        {(void **)&g->hc_partial, hc ? J * hc_partial_floats(N, c->n, c->C) : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
         {(void **)&g->site_part, c->mode == RES_STD ? J * RED_PARTS_MAX * C : 0, S},
         {(void **)&g->delta_dh, delta ? N * C : 0, S}, {(void **)&g->delta_db, delta ? N * C : 0, S},
@@ -758,33 +758,44 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 // (hc_norm_read_update_backward) over the streams for the CPU's rmsnorm_backward and
 // hc_read_backward of site j (X_j and h_j recomputed from X_{j-1} and o_{j-1}) and hc_update_backward
 // of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
-// place, g->dout = do_{j-1} (the dout of sublayer j-1), and the norm weight's dw, dA_{j-1},
-// dbeta_{j-1} += their sums, dalpha_j += the softmax's backward of dw_j (the CPU's
-// hc_weights_backward; the final read's w = 1/n is fixed). Site 0: the norm's backward,
-// hc_read_backward and hc_expand_backward into g->dslots (dslot 0, which encoder_backward
-// reads); dalpha_0 is 0 (its streams are equal copies, hc.cuh).
-void hc_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) {
+// place, g->dout = do_{j-1} (the dout of sublayer j-1), and the partials of the site's
+// parameter sums go into its slice of g->hc_partial (model_backward sums every site's at the
+// end, into hc_site_sums(j)). Site 0: the norm's backward, hc_read_backward and
+// hc_expand_backward into g->dslots (dslot 0, which encoder_backward reads).
+void hc_site_backward(Model *m, int j, size_t N, const floatX *w) {
     const Config *c = &m->cfg;
     Acts *a = &m->acts;
     GradActs *g = &m->gacts;
-    ParamTensors<float> *dp = &m->grads;
     size_t C = c->C, n = (size_t)c->n, J2 = 2 * (size_t)c->L;
     int last = (size_t)j == J2;
     const float *wj = a->hc_w + (size_t)j * n, *rstd = a->ln_rstd + (size_t)j * N;
+    float *part = g->hc_partial + (size_t)j * hc_partial_floats(N, c->n, c->C);   // site j's slice
     op_range("bwd hc: norm + read + update");
     if (j == 0) {   // u_0 = rmsnorm(h_0; w), h_0 = hc_read(X_0), X_0 = hc_expand(slot 0): dslot 0 = sum_r dX_0,r
         zero(g->dslots, N * C * sizeof(float));
-        hc_norm_read_update_backward(NULL, NULL, g->dslots, NULL, NULL, NULL, NULL, dw, g->hc_partial, g->hc_dXp,
-                                     g->dln, rstd, w, SLOT(0), wj, NULL, NULL, NULL, NULL, N, c->C, c->n, 1, 0);
+        hc_norm_read_update_backward(NULL, NULL, g->dslots, part, g->hc_dXp, g->dln, rstd, w, SLOT(0), wj, NULL, NULL,
+                                     NULL, NULL, N, c->C, c->n, 1, 0);
         return;
     }
     // u_j = rmsnorm(h_j; w), h_j = sum_r w_j[r] X_j,r (w_j = softmax(alpha_j));
     // X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
     size_t jp = (size_t)j - 1;
-    hc_norm_read_update_backward(g->hc_dXp, g->dout, NULL, NULL, last ? NULL : dp->hcalpha + (size_t)j * n,
-                                 dp->hca + jp * n * n, dp->hcbeta + jp * n, dw, g->hc_partial,
-                                 last ? NULL : g->hc_dXp, g->dln, rstd, w, NULL, wj, j == 1 ? SLOT(0) : HCX(j - 1),
-                                 SLOT(j), a->hc_A32 + jp * n * n, a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
+    hc_norm_read_update_backward(g->hc_dXp, g->dout, NULL, part, last ? NULL : g->hc_dXp, g->dln, rstd, w, NULL, wj,
+                                 j == 1 ? SLOT(0) : HCX(j - 1), SLOT(j), a->hc_A32 + jp * n * n,
+                                 a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
+}
+
+// Where site j's parameter sums go (hc_reduce_sites): the norm weight's gradient, dA_{j-1} and
+// dbeta_{j-1} of the update before it (none at site 0), and dalpha_j += the softmax's backward of
+// dw_j (the CPU's hc_weights_backward; none at site 0, whose streams are equal copies so that
+// dalpha_0 = 0, nor at the final read, whose w = 1/n is fixed). dw_j itself is not kept.
+HcSums hc_site_sums(Model *m, int j) {
+    ParamTensors<float> *dp = &m->grads;
+    size_t n = (size_t)m->cfg.n, jp = (size_t)j - 1;
+    HcSums t = {NULL, NULL, NULL, NULL, site_norm_dw(m, j), m->acts.hc_w + (size_t)j * n};
+    if (j > 0) { t.dA = dp->hca + jp * n * n; t.dbeta = dp->hcbeta + jp * n; }
+    if (j > 0 && j < 2 * m->cfg.L) { t.dalpha = dp->hcalpha + (size_t)j * n; }
+    return t;
 }
 
 // Backward of a delta site (SPEC section 9, the steps in delta_site_forward's
@@ -863,7 +874,7 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
                                   c->C, (size_t)j + 1 < J, g->site_part + j * RED_PARTS_MAX * C);
         return;
     }
-    if (c->mode == RES_HC) { hc_site_backward(m, (int)j, N, w, dw); return; }
+    if (c->mode == RES_HC) { hc_site_backward(m, (int)j, N, w); return; }
     if (c->mode == RES_DELTA) { delta_site_backward(m, j, N, w, dw); return; }
     op_range("bwd route: site G, S");
     route_site_backward(g->route_G + j * N * C, g->route_S + j * N * H, dw, g->route_part, u, g->dln,
@@ -1041,6 +1052,11 @@ void model_backward(Model *m, float dloss) {
         op_range("bwd route + norm");
         rmsnorm_dw_reduce_sites([&](int j) { return site_norm_dw(m, j); }, g->site_part, RED_PARTS_MAX * C,
                                 (int)(2 * L + 1), N, c->C);
+    }
+    if (c->mode == RES_HC) {   // every site's alpha, A, beta and norm weight gradients, from their partials
+        op_range("bwd hc: parameter sums");
+        hc_reduce_sites([&](int j) { return hc_site_sums(m, j); }, g->hc_partial, hc_partial_floats(N, c->n, c->C),
+                        (int)(2 * L + 1), N, c->n, c->C);
     }
     // slot 0 = wte[inputs]
     op_range("bwd encoder");

@@ -41,9 +41,9 @@
 // X_{j-1} and o_{j-1} come from L1 or L2). The parameter gradients are summed
 // deterministically: positions are cut into fixed parts (hc_rows_per_part), a block sums its
 // part in a fixed order into a partial of n + n^2 + n floats (dw, dA, dbeta) and one of C
-// floats (dg, as std's norm backward), and one launch of hc_reduce_kernel adds the partials of
-// every column in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
-// dalpha (the softmax's backward).
+// floats (dg, as std's norm backward). After the backward's last site, one launch of
+// hc_reduce_sites_kernel adds the partials of every column of every site in a fixed order (std's
+// rmsnorm_dw_reduce_kernel's scheme) and turns dw into dalpha (the softmax's backward).
 // Lab: dev/cuda/hc.cu v3 (the forward) and v9 (the backward; v1 there: one thread per element,
 // unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed;
 // v5: a warp a position).
@@ -356,25 +356,34 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
     }
 }
 
+// Where one site's parameter sums go (each += when not NULL): dw (n), the norm weight's dg (C), and
+// the update's dA (n, n) and dbeta (n) of the sublayer before it; dalpha (n) += the softmax's
+// backward of this site's dw sums, which needs its read weights w (n).
+struct HcSums { float *dw, *dalpha, *dA, *dbeta, *dg; const float *w; };
+#define HC_SITES_MAX 64   // sites a launch of hc_reduce_sites_kernel (48 B each: 3 KiB of parameters)
+struct HcSites { HcSums s[HC_SITES_MAX]; };
+
 // The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
-// rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
-// NP + c of the norm's (P, C) after them. Block (32 columns) x (32 partial lanes): lane y sums
-// partials y, y + 32, ... in order, then the 32 lane sums are added in lane order. Column i
-// goes to dw[i] (i < n), dA[i - n] (i < n + n^2), dbeta, then dg (each += when not NULL).
-// Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's backward
-// dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
-// hc_weights_backward). Grid ceil((NP + C) / 32).
-__global__ void __launch_bounds__(1024) hc_reduce_kernel(float *dw, float *dA, float *dbeta, float *dg, float *dalpha,
-                                                         const float *w, const float *partial, int P, int n, int C) {
+// rmsnorm_dw_reduce_kernel), for site blockIdx.y, whose partials start at part + blockIdx.y *
+// stride: column i < NP = 2n + n^2 of the scalars (P, NP), then column NP + c of the norm's
+// (P, C) after them. Block (32 columns) x (32 partial lanes): lane y sums partials y, y + 32,
+// ... in order, then the 32 lane sums are added in lane order. Column i goes to dw[i] (i < n),
+// dA[i - n] (i < n + n^2), dbeta, then dg. Block x = 0 holds the dw columns (n <= 8): with dalpha
+// it also adds the softmax's backward dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this
+// site's sums (the CPU's hc_weights_backward). Grid (ceil((NP + C) / 32), sites).
+__global__ void __launch_bounds__(1024) hc_reduce_sites_kernel(HcSites sites, const float *part, size_t stride,
+                                                               int P, int n, int C) {
     __shared__ float sh[32][33];
+    const HcSums out = sites.s[blockIdx.y];   // this site's
+    const float *partial = part + blockIdx.y * stride;
     const int NP = 2 * n + n * n, i = blockIdx.x * 32 + threadIdx.x;
     const float *col = NULL;
-    size_t stride = 0;
-    if (i < NP) { col = partial + i; stride = NP; }
-    else if (i < NP + C) { col = partial + (size_t)P * NP + (i - NP); stride = C; }
+    size_t cstride = 0;
+    if (i < NP) { col = partial + i; cstride = NP; }
+    else if (i < NP + C) { col = partial + (size_t)P * NP + (i - NP); cstride = C; }
     float t = 0.0f;
     if (col) {
-        for (int p = threadIdx.y; p < P; p += 32) { t += col[(size_t)p * stride]; }
+        for (int p = threadIdx.y; p < P; p += 32) { t += col[(size_t)p * cstride]; }
     }
     sh[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
@@ -382,17 +391,17 @@ __global__ void __launch_bounds__(1024) hc_reduce_kernel(float *dw, float *dA, f
         float sum = 0.0f;
         for (int y = 0; y < 32; y++) { sum += sh[y][threadIdx.x]; }
         sh[0][threadIdx.x] = sum;   // this column's total (row 0 is read by its own thread only above)
-        if (i < n) { if (dw) { dw[i] += sum; } }
-        else if (i < n + n * n) { if (dA) { dA[i - n] += sum; } }
-        else if (i < NP) { if (dbeta) { dbeta[i - n - n * n] += sum; } }
-        else if (i < NP + C) { if (dg) { dg[i - NP] += sum; } }
+        if (i < n) { if (out.dw) { out.dw[i] += sum; } }
+        else if (i < n + n * n) { if (out.dA) { out.dA[i - n] += sum; } }
+        else if (i < NP) { if (out.dbeta) { out.dbeta[i - n - n * n] += sum; } }
+        else if (i < NP + C) { if (out.dg) { out.dg[i - NP] += sum; } }
     }
-    if (blockIdx.x == 0 && dalpha) {
+    if (blockIdx.x == 0 && out.dalpha) {
         __syncthreads();
         if (threadIdx.x == 0 && threadIdx.y == 0) {
             float S = 0.0f;
-            for (int r = 0; r < n; r++) { S += w[r] * sh[0][r]; }
-            for (int r = 0; r < n; r++) { dalpha[r] += w[r] * (sh[0][r] - S); }
+            for (int r = 0; r < n; r++) { S += out.w[r] * sh[0][r]; }
+            for (int r = 0; r < n; r++) { out.dalpha[r] += out.w[r] * (sh[0][r] - S); }
         }
     }
 }
@@ -474,18 +483,18 @@ static size_t hc_partial_floats(size_t N, int n, int C) {
 }
 
 // Backward of the norm and read of sublayer j and the update of sublayer j-1 (top of file),
-// given du = dL/du_j and the forward's rstd, then the deterministic sums: dw_j (n), dA_{j-1}
-// (n, n), dbeta_{j-1} (n), dg_j (C) += (any may be NULL: not kept), and dalpha_j (n) += w
-// (dw_j - sum_t w_t dw_j,t), the softmax's backward of the sums of this call (NULL: none).
+// given du = dL/du_j and the forward's rstd. The parameter sums of the site (dw_j (n), dA_{j-1}
+// (n, n), dbeta_{j-1} (n), dg_j (C)) are left as P block partials in partial
+// (hc_partial_floats(N, n, C) floats), for hc_reduce_sites: one launch for all the sites of a
+// backward, after the last, instead of one per site.
 // dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
 // X: read only at site 0 (Xprev = NULL): the streams X_0 (xb = 1: the embedding (N, C));
 // elsewhere X_j is recomputed from Xprev and o, and X may be NULL.
-// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (pass
-// dw = NULL: its streams are equal, so dalpha_0 is 0; dout and dXp_out unused).
-// Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C) standing for
-// X_0 (j = 1). partial: hc_partial_floats(N, n, C) floats of scratch.
-static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha,
-                                         float *dA, float *dbeta, float *dg, float *partial, const float *dXp_in,
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (its
+// streams are equal, so dalpha_0 is 0: reduce its sums with dw = dalpha = NULL; dout and
+// dXp_out unused). Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C)
+// standing for X_0 (j = 1).
+static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *partial, const float *dXp_in,
                                          const float *du, const float *rstd, const floatX *g, const floatX *X,
                                          const float *w, const floatX *Xprev, const floatX *o, const float *A,
                                          const float *beta, size_t N, int C, int n, int xb, int xpb,
@@ -505,8 +514,24 @@ static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx
         });
     });
     launchCheck();
-    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
-    launchCheck();
+}
+
+// The parameter sums of S sites from their partials (hc_norm_read_update_backward's, site s at
+// part + s * stride, stride >= hc_partial_floats(N, n, C)): sums_of(s) (a host function of the
+// site index) names where site s's go. One launch per HC_SITES_MAX sites; each column is summed
+// in the same fixed order as a launch per site would.
+template <typename F>
+static void hc_reduce_sites(F sums_of, const float *part, size_t stride, int S, size_t N, int n, int C,
+                            cudaStream_t st = 0) {
+    const int P = (int)ceil_div(N, hc_rows_per_part(N)), NP = 2 * n + n * n;
+    for (int s0 = 0; s0 < S; s0 += HC_SITES_MAX) {
+        const int k = S - s0 < HC_SITES_MAX ? S - s0 : HC_SITES_MAX;
+        HcSites t = {};
+        for (int s = 0; s < k; s++) { t.s[s] = sums_of(s0 + s); }
+        hc_reduce_sites_kernel<<<dim3(ceil_div(NP + C, 32), k), dim3(32, 32), 0, st>>>(t, part + s0 * stride, stride,
+                                                                                       P, n, C);
+        launchCheck();
+    }
 }
 
 // w (2L+1, n), A32 (2L, n, n), beta32 (2L, n) fp32 from the parameters alpha, A, beta (2L = J2 sublayers)

@@ -62,7 +62,7 @@ Versions:
       conflicts). The second pass is v2's body with dh = s du g - k3 h. Each lane sums its
       parameter terms over the warp's positions (v2 summed the warp per position), then the
       lanes, then the warps in order into the block's partials: (P, 2n + n^2) and (P, C).
-      One reduction launch (hc_reduce_kernel) sums every column with std's scheme (32
+      One reduction launch (hc_reduce_v3_kernel) sums every column with std's scheme (32
       partial lanes, then lane order) and adds the softmax's backward into dalpha. A sublayer
       boundary is then 1 kernel forward and 2 backward, against v2's trainer path of 2 and 6.
       --check of v3 runs check_edges_v3 (the trainer's calls: sublayer 0's update from the
@@ -567,6 +567,49 @@ hc_norm_read_update_backward_v3_kernel(float *dXp_out, floatX *dout, float *dx0,
     }
 }
 
+// v3 to v8's reduction (kernels/hc.cuh's before hc_reduce_sites_kernel, which sums every site of a
+// backward in one launch; here with the name _v3): one site a launch.
+// The deterministic sums of hc_norm_read_update_backward's P block partials (std's scheme,
+// rmsnorm_dw_reduce_kernel): column i < NP = 2n + n^2 of the scalars (P, NP), then column
+// NP + c of the norm's (P, C) after them. Block (32 columns) x (32 partial lanes): lane y sums
+// partials y, y + 32, ... in order, then the 32 lane sums are added in lane order. Column i
+// goes to dw[i] (i < n), dA[i - n] (i < n + n^2), dbeta, then dg (each += when not NULL).
+// Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's backward
+// dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
+// hc_weights_backward). Grid ceil((NP + C) / 32).
+__global__ void __launch_bounds__(1024) hc_reduce_v3_kernel(float *dw, float *dA, float *dbeta, float *dg, float *dalpha,
+                                                         const float *w, const float *partial, int P, int n, int C) {
+    __shared__ float sh[32][33];
+    const int NP = 2 * n + n * n, i = blockIdx.x * 32 + threadIdx.x;
+    const float *col = NULL;
+    size_t stride = 0;
+    if (i < NP) { col = partial + i; stride = NP; }
+    else if (i < NP + C) { col = partial + (size_t)P * NP + (i - NP); stride = C; }
+    float t = 0.0f;
+    if (col) {
+        for (int p = threadIdx.y; p < P; p += 32) { t += col[(size_t)p * stride]; }
+    }
+    sh[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0) {
+        float sum = 0.0f;
+        for (int y = 0; y < 32; y++) { sum += sh[y][threadIdx.x]; }
+        sh[0][threadIdx.x] = sum;   // this column's total (row 0 is read by its own thread only above)
+        if (i < n) { if (dw) { dw[i] += sum; } }
+        else if (i < n + n * n) { if (dA) { dA[i - n] += sum; } }
+        else if (i < NP) { if (dbeta) { dbeta[i - n - n * n] += sum; } }
+        else if (i < NP + C) { if (dg) { dg[i - NP] += sum; } }
+    }
+    if (blockIdx.x == 0 && dalpha) {
+        __syncthreads();
+        if (threadIdx.x == 0 && threadIdx.y == 0) {
+            float S = 0.0f;
+            for (int r = 0; r < n; r++) { S += w[r] * sh[0][r]; }
+            for (int r = 0; r < n; r++) { dalpha[r] += w[r] * (sh[0][r] - S); }
+        }
+    }
+}
+
 // Backward of the norm and read of sublayer j and the update of sublayer j-1 (top of file),
 // given du = dL/du_j and the forward's rstd, then the deterministic sums: dw_j (n), dA_{j-1}
 // (n, n), dbeta_{j-1} (n), dg_j (C) += (any may be NULL: not kept), and dalpha_j (n) += w
@@ -597,7 +640,7 @@ static void hc_norm_read_update_backward_v3(float *dXp_out, floatX *dout, float 
         });
     });
     launchCheck();
-    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    hc_reduce_v3_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
     launchCheck();
 }
 
@@ -806,7 +849,7 @@ static void hc_norm_read_update_backward_v5(float *dXp_out, floatX *dout, float 
         });
     });
     launchCheck();
-    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    hc_reduce_v3_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
     launchCheck();
 }
 
@@ -1104,7 +1147,7 @@ static void hc_norm_read_update_backward_v6(int ver, float *dXp_out, uint16_t *d
         });
     });
     launchCheck();
-    hc_reduce_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
+    hc_reduce_v3_kernel<<<ceil_div(NP + C, 32), dim3(32, 32), 0, st>>>(dw, dA, dbeta, dg, dalpha, w, partial, P, n, C);
     launchCheck();
 }
 
@@ -1402,6 +1445,19 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
+// v9 (kernels/hc.cuh) as one site's backward with v5's arguments: the kernel, then its sums
+// (hc_reduce_sites with one site; the trainer reduces all the sites of a backward in one launch)
+static void hc_backward_v9(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA,
+                           float *dbeta, float *dg, float *partial, const float *dXp_in, const float *du,
+                           const float *rstd, const floatX *g, const floatX *X, const float *w, const floatX *Xprev,
+                           const floatX *o, const float *A, const float *beta, size_t N, int C, int n, int xb,
+                           int xpb) {
+    hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C, n,
+                                 xb, xpb);
+    const HcSums sums = {dw, dalpha, dA, dbeta, dg, w};
+    hc_reduce_sites([&](int) { return sums; }, partial, 0, 1, N, n, C);
+}
+
 // fwd of the update of j and the read of j+1 (v3: and its norm)
 static void run_fwd(int ver, const Shape &s, Dev &d) {
     if (ver == 1) {
@@ -1436,8 +1492,8 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
                                         d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
                                         0, 0);
     } else if (ver == 9) {   // v9 (kernels/hc.cuh): v5 split over a pair of warps a position
-        hc_norm_read_update_backward(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh,
-                                     d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+        hc_backward_v9(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh, d.rstd_in,
+                       d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
     } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward_v5(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
@@ -1749,8 +1805,8 @@ static bool check_edges_v3(uint64_t seed, int ver) {
                                             dXp_in, NULL, NULL, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A,
                                             beta, s.N, s.C, n, xb, xpb);
         } else {   // v9 (kernels/hc.cuh)
-            hc_norm_read_update_backward(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd,
-                                         d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
+            hc_backward_v9(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd, d.g,
+                           Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
         }
     };
     // 1. sublayer 0's update from the embedding (xb = 1), site 1's read and norm
@@ -1822,6 +1878,44 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     return ok;
 }
 
+// hc_reduce_sites (kernels/hc.cuh, the trainer's sums of all the sites in one launch) against a
+// launch of hc_reduce_v3_kernel per site, on the same random partials: every output bit for bit.
+// Three sites at N = 3000 (94 partials), n = 4, C = 264 (a last block of columns cut short), with
+// the trainer's three kinds of site: site 0 (dg alone), a middle one (all), the final read (no
+// dalpha); the outputs start from random values (the sums are +=).
+static bool check_reduce_sites(uint64_t seed) {
+    const int S = 3, n = 4, C = 264, NP = 2 * n + n * n, Q = NP + C;
+    const size_t N = 3000, stride = hc_partial_floats(N, n, C) + 40;   // a stride over the minimum
+    const int P = (int)ceil_div(N, hc_rows_per_part(N));
+    float *parts = dalloc<float>(S * stride), *w = dalloc<float>(S * n), *outs[2];
+    fill_normal(parts, S * stride, seed + 7, 0.0f, 1.0f);
+    fill_normal(w, S * n, seed + 8, 0.25f, 0.05f);
+    for (int k = 0; k < 2; k++) {   // per site: dw (n), dalpha (n), dA (n^2), dbeta (n), dg (C)
+        outs[k] = dalloc<float>(S * Q + S * n);
+        fill_normal(outs[k], S * Q + S * n, seed + 9, 0.0f, 1.0f);
+    }
+    auto sums = [&](int k, int j) {   // site j's pointers into outs[k]; j = 0 and j = S-1 as the trainer's
+        float *o = outs[k] + j * (Q + n);
+        HcSums t = {o, o + n, o + 2 * n, o + 2 * n + n * n, o + NP + n, w + j * n};
+        if (j == 0) { t.dw = t.dalpha = t.dA = t.dbeta = NULL; }
+        if (j == S - 1) { t.dalpha = NULL; }
+        return t;
+    };
+    for (int j = 0; j < S; j++) {
+        HcSums t = sums(0, j);
+        hc_reduce_v3_kernel<<<ceil_div(Q, 32), dim3(32, 32)>>>(t.dw, t.dA, t.dbeta, t.dg, t.dalpha, t.w,
+                                                               parts + j * stride, P, n, C);
+        launchCheck();
+    }
+    hc_reduce_sites([&](int j) { return sums(1, j); }, parts, stride, S, N, n, C);
+    const bool same = fetch_bytes(outs[0], (S * Q + S * n) * 4) == fetch_bytes(outs[1], (S * Q + S * n) * 4);
+    printf("hc_reduce_sites, %d sites (N=%zu n=%d C=%d) against a hc_reduce_v3_kernel launch each: %s\n", S, N, n,
+           C, same ? "identical" : "DIFFERENT (FAIL)");
+    void *ps[] = {parts, w, outs[0], outs[1]};
+    for (void *p : ps) { cudaCheck(cudaFree(p)); }
+    return same;
+}
+
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
 static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
@@ -1842,12 +1936,34 @@ static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     if (!fwd && ver == 5) {   // the share of the parameter sums' reduction launch (every version from v3 has it)
         const int NP = 2 * s.n + s.n * s.n;
         float rms = time_median(reps, [&]() {
-            hc_reduce_kernel<<<ceil_div(NP + s.C, 32), dim3(32, 32)>>>(d.dw, d.dA, d.dbeta, d.dg, d.dalpha, d.w,
+            hc_reduce_v3_kernel<<<ceil_div(NP + s.C, 32), dim3(32, 32)>>>(d.dw, d.dA, d.dbeta, d.dg, d.dalpha, d.w,
                                                                        d.partial, d.P, s.n, s.C);
             launchCheck();
         }, &mn);
-        printf("  of which hc_reduce_kernel alone (%d partials, %d columns): %.4f ms; x24 a step: %.2f ms\n", d.P,
+        printf("  of which hc_reduce_v3_kernel alone (%d partials, %d columns): %.4f ms; x24 a step: %.2f ms\n", d.P,
                NP + s.C, rms, 24 * rms);
+    }
+    if (!fwd && ver == 9) {   // the sums of a step's 25 sites (24 boundaries and the final read): a launch each
+                              // (v3 to v9's way) against one hc_reduce_sites launch, on the same partials
+        const int S = 25, NP = 2 * s.n + s.n * s.n;
+        const size_t stride = hc_partial_floats(s.N, s.n, s.C);
+        float *parts = dalloc<float>(S * stride);
+        for (int k = 0; k < S; k++) {
+            cudaCheck(cudaMemcpy(parts + k * stride, d.partial, stride * 4, cudaMemcpyDeviceToDevice));
+        }
+        float one = time_median(reps, [&]() {
+            for (int k = 0; k < S; k++) {
+                hc_reduce_v3_kernel<<<ceil_div(NP + s.C, 32), dim3(32, 32)>>>(d.dw, d.dA, d.dbeta, d.dg, d.dalpha,
+                                                                           d.w, parts + k * stride, d.P, s.n, s.C);
+                launchCheck();
+            }
+        }, &mn);
+        const HcSums sums = {d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.w};
+        float all = time_median(reps, [&]() { hc_reduce_sites([&](int) { return sums; }, parts, stride, S, s.N, s.n,
+                                                              s.C); }, &mn);
+        printf("  the sums of %d sites (%d partials, %d columns each): %d launches %.4f ms, hc_reduce_sites (one"
+               " launch) %.4f ms\n", S, d.P, NP + s.C, S, one, all);
+        cudaCheck(cudaFree(parts));
     }
     dev_free(d);
 }
@@ -2197,6 +2313,7 @@ int main(int argc, char **argv) {
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
         for (int v : {5, 6, 7, 9}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);

@@ -252,8 +252,9 @@ typedef struct {
     float *route_qv;   // (pairs, C)  sum over positions of ds r v per (site, source) pair (mhar)
     float *route_fwdp; // (K-1, N, C), then (K-1, N, H): the grouped routing forward's partials (mhar,
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
-    float *hc_dXp;  // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
-                    //            site j, updated in place from site 2L down to site 1 (hc)
+    HcGrad hc_dX;   // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
+                    //            site j, updated in place from site 2L down to site 1 (hc; bf16
+                    //            build: 24 bits a value, kernels/hc.cuh)
     float *hc_partial; // (J, hc_partial_floats(N, n, C))  per site: per-part sums of dw, dA, dbeta and the norm
                        //            weight's gradient (hc)
     float *att_D;   // (B, NH, T)  dout . out per attention row
@@ -478,6 +479,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     // fit (bf16 with groups of 4: whenever L >= 3), else into a buffer of their own
     size_t fwdp = mhar ? (size_t)(m->fwd_kmax - 1) * N * (C + c->H) : 0;
     int fwdp_in_G = fwdp * sizeof(float) <= J * N * C * sizeof(floatX);
+    void *hc_dX = NULL;
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
@@ -487,13 +489,14 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_dsr, routed ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
-        {(void **)&g->hc_dXp, N * hn * C, S},
+        {&hc_dX, N * hn * C, HcGrad::bytes},
         {(void **)&g->hc_partial, hc ? J * hc_partial_floats(N, c->n, c->C) : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
         {(void **)&g->site_part, c->mode == RES_STD ? J * RED_PARTS_MAX * C : 0, S},
         {(void **)&g->delta_dh, delta ? N * C : 0, S}, {(void **)&g->delta_db, delta ? N * C : 0, S},
         {(void **)&g->delta_part, delta ? (size_t)RED_PARTS_MAX * (C + c->H + 1) : 0, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
+    g->hc_dX = HcGrad::of(hc_dX, N * hn * C);
     if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
 
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
@@ -757,7 +760,7 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
 // hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. One fused pass
 // (hc_norm_read_update_backward) over the streams for the CPU's rmsnorm_backward and
 // hc_read_backward of site j (X_j and h_j recomputed from X_{j-1} and o_{j-1}) and hc_update_backward
-// of sublayer j-1: g->hc_dXp goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
+// of sublayer j-1: g->hc_dX goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
 // place, g->dout = do_{j-1} (the dout of sublayer j-1), and the partials of the site's
 // parameter sums go into its slice of g->hc_partial (model_backward sums every site's at the
 // end, into hc_site_sums(j)). Site 0: the norm's backward, hc_read_backward and
@@ -773,14 +776,14 @@ void hc_site_backward(Model *m, int j, size_t N, const floatX *w) {
     op_range("bwd hc: norm + read + update");
     if (j == 0) {   // u_0 = rmsnorm(h_0; w), h_0 = hc_read(X_0), X_0 = hc_expand(slot 0): dslot 0 = sum_r dX_0,r
         zero(g->dslots, N * C * sizeof(float));
-        hc_norm_read_update_backward(NULL, NULL, g->dslots, part, g->hc_dXp, g->dln, rstd, w, SLOT(0), wj, NULL, NULL,
-                                     NULL, NULL, N, c->C, c->n, 1, 0);
+        hc_norm_read_update_backward(HcGrad{}, NULL, g->dslots, part, g->hc_dX, g->dln, rstd, w, SLOT(0), wj, NULL,
+                                     NULL, NULL, NULL, N, c->C, c->n, 1, 0);
         return;
     }
     // u_j = rmsnorm(h_j; w), h_j = sum_r w_j[r] X_j,r (w_j = softmax(alpha_j));
     // X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
     size_t jp = (size_t)j - 1;
-    hc_norm_read_update_backward(g->hc_dXp, g->dout, NULL, part, last ? NULL : g->hc_dXp, g->dln, rstd, w, NULL, wj,
+    hc_norm_read_update_backward(g->hc_dX, g->dout, NULL, part, last ? HcGrad{} : g->hc_dX, g->dln, rstd, w, NULL, wj,
                                  j == 1 ? SLOT(0) : HCX(j - 1), SLOT(j), a->hc_A32 + jp * n * n,
                                  a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
 }

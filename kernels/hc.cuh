@@ -12,8 +12,9 @@
 //             dbeta_{j-1} += dX_j . o_{j-1}                              (sums over positions)
 // Shapes: streams X (N, n, C) floatX (a position's n streams adjacent); o, u (N, C) floatX;
 // rstd (N) fp32 (std's layout: the trainer's ln_rstd row of the site); stream gradients dXp
-// (N, n, C) fp32 (an accumulator across sublayers, fp32 like std's dres); du (N, C) fp32 (the
-// sublayer's input gradient from its matmul backwards); the sublayer's dout (N, C) floatX;
+// (N, n, C) (an accumulator across sublayers: fp32 arithmetic, stored in fp32 or, in the bf16
+// build, 24 bits a value: HcGrad below); du (N, C) fp32 (the sublayer's input gradient from its
+// matmul backwards); the sublayer's dout (N, C) floatX;
 // A (n, n), beta (n), w (n) fp32 on the device (hc_prepare makes them from the parameters once
 // per forward); g (C) floatX, the norm weight, and its gradient dg (C) fp32.
 // h is never stored: the forward keeps it in registers between its sum of squares and u, and
@@ -38,15 +39,16 @@
 // n = 4, C = 512): forward reads X and o, writes X' and u (and rstd): (2n + 2) 2C = 10 KiB;
 // backward reads dXp (4nC), du (4C), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp (4nC) and
 // dout (2C): (10n + 8) C = 24 KiB (28 when it read X_j too: lab v3; pass 2's second reads of
-// X_{j-1} and o_{j-1} come from L1 or L2). The parameter gradients are summed
-// deterministically: positions are cut into fixed parts (hc_rows_per_part), a block sums its
-// part in a fixed order into a partial of n + n^2 + n floats (dw, dA, dbeta) and one of C
-// floats (dg, as std's norm backward). After the backward's last site, one launch of
-// hc_reduce_sites_kernel adds the partials of every column of every site in a fixed order (std's
-// rmsnorm_dw_reduce_kernel's scheme) and turns dw into dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v3 (the forward) and v9 (the backward; v1 there: one thread per element,
-// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed;
-// v5: a warp a position).
+// X_{j-1} and o_{j-1} come from L1 or L2), or with dXp in 24 bits (3nC each way) (8n + 8) C =
+// 20 KiB. The parameter gradients are summed deterministically: positions are cut into fixed
+// parts (hc_rows_per_part), a block sums its part in a fixed order into a partial of n + n^2 +
+// n floats (dw, dA, dbeta) and one of C floats (dg, as std's norm backward). After the
+// backward's last site, one launch of hc_reduce_sites_kernel adds the partials of every column
+// of every site in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
+// dalpha (the softmax's backward).
+// Lab: dev/cuda/hc.cu v3 (the forward) and v10 (the backward with dXp in 24 bits; v9 with it in
+// fp32; v1 there: one thread per element, unfused; v2: the fused streams with the norm outside,
+// h stored; v3: X_j read, not recomputed; v5: a warp a position; v8: v5 with the 24 bits).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -156,9 +158,70 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
     }
 }
 
+// The stream gradient dXp (N, n, C) as the backward stores it between sites: fp32 (HcGradF32), or
+// 24 bits a value (HcGrad24: the fp32 value rounded to nearest even at bit 8, its top 16 bits in
+// hi (a bf16) and the next 8 in lo; relative rounding error at most 2^-17 a store, against
+// bf16's 2^-9). The arithmetic is fp32 either way. The 24 bits cut the backward's DRAM bytes
+// from (10n + 8) C to (8n + 8) C a position (24 to 20 KiB at n = 4, C = 512); the bf16 build
+// stores them (HcGrad below), the fp32 build fp32. NULL pointers: no tensor (zero).
+// bytes: a value's; of(buf, count): the view of a buffer of count values (count a multiple of 8)
+struct HcGradF32 {
+    float *v;
+    static constexpr size_t bytes = 4;
+    static HcGradF32 of(void *buf, size_t) { return {(float *)buf}; }
+};
+struct HcGrad24 {
+    uint16_t *hi;
+    uint8_t *lo;
+    static constexpr size_t bytes = 3;
+    static HcGrad24 of(void *buf, size_t count) { return {(uint16_t *)buf, (uint8_t *)buf + 2 * count}; }
+};
+__host__ __device__ inline bool hc_grad_null(HcGradF32 g) { return g.v == NULL; }
+__host__ __device__ inline bool hc_grad_null(HcGrad24 g) { return g.hi == NULL; }
+// 8 values at element i (a multiple of 8)
+__device__ __forceinline__ void hc_grad_load8(float v[8], HcGradF32 g, size_t i) {
+    const HcPackF t = *reinterpret_cast<const HcPackF *>(g.v + i);
+#pragma unroll
+    for (int k = 0; k < 8; k++) { v[k] = t.x[k]; }
+}
+__device__ __forceinline__ void hc_grad_store8(HcGradF32 g, size_t i, const float v[8]) {
+    HcPackF t;
+#pragma unroll
+    for (int k = 0; k < 8; k++) { t.x[k] = v[k]; }
+    *reinterpret_cast<HcPackF *>(g.v + i) = t;
+}
+__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) {   // one 16-byte, one 8-byte load
+    const uint4 hv = *reinterpret_cast<const uint4 *>(g.hi + i);
+    const uint2 lv = *reinterpret_cast<const uint2 *>(g.lo + i);
+    const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w}, lw[2] = {lv.x, lv.y};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t hk = (hw[k / 2] >> (16 * (k % 2))) & 0xFFFFu, lk = (lw[k / 4] >> (8 * (k % 4))) & 0xFFu;
+        v[k] = __uint_as_float((hk << 16) | (lk << 8));
+    }
+}
+// fp32 bits -> the top 24, rounded to nearest even; infinities and NaNs truncated, so a NaN stays a NaN
+__host__ __device__ inline uint32_t hc_grad24_round(uint32_t u) {
+    return (u & 0x7F800000u) == 0x7F800000u ? u >> 8 : (u + 0x7Fu + ((u >> 8) & 1u)) >> 8;
+}
+__device__ __forceinline__ void hc_grad_store8(HcGrad24 g, size_t i, const float v[8]) {
+    uint32_t hw[4] = {0, 0, 0, 0}, lw[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t t = hc_grad24_round(__float_as_uint(v[k]));
+        hw[k / 2] |= (t >> 8) << (16 * (k % 2));
+        lw[k / 4] |= (t & 0xFFu) << (8 * (k % 4));
+    }
+    *reinterpret_cast<uint4 *>(g.hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    *reinterpret_cast<uint2 *>(g.lo + i) = make_uint2(lw[0], lw[1]);
+}
+// the trainer's storage: 24 bits where the activations are bf16
+typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
+
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
-// file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C) fp32: in,
-// A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j (in place).
+// file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C), stored as G
+// (HcGradF32 or HcGrad24): in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j
+// (in place).
 // h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from Xprev and o (the
 // forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
 // streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's
@@ -191,10 +254,10 @@ __host__ __device__ constexpr int hc_bwd_half0(int C) { return 8 * ((C / 8 + 1) 
 constexpr int hc_bwd_min_blocks(int ns, int npk) {
     return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
 }
-template <int NS, int NPK>
+template <int NS, int NPK, typename G>
 __global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
-hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, float *partial, float *gpart,
-                                    const float *dXp_in, const float *du, const float *rstd, const floatX *g,
+hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
+                                    const float *du, const float *rstd, const floatX *g,
                                     const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
                                     const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
                                     int xpb) {
@@ -290,12 +353,10 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
             float d[NS][8];
 #pragma unroll
             for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
-                HcPackF dv;
-                if (dXp_in) { dv = *reinterpret_cast<const HcPackF *>(dXp_in + (p * NS + r) * C + c0); }
+                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    d[r][k] = (dXp_in ? dv.x[k] : 0.0f) + wr[r] * (s * dug[q][k] - k3 * h[q][k]);
-                }
+                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
             }
             if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
                 HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
@@ -323,15 +384,15 @@ hc_norm_read_update_backward_kernel(float *dXp_out, floatX *dout, float *dx0, fl
 #pragma unroll
             for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
                 HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
-                HcPackF out;
+                float out[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     float xs = toF(xv.x[k]), v = 0.0f;
 #pragma unroll
                     for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
-                    out.x[k] = v;
+                    out[k] = v;
                 }
-                *reinterpret_cast<HcPackF *>(dXp_out + (p * NS + s2) * C + c0) = out;
+                hc_grad_store8(dXp_out, (p * NS + s2) * C + c0, out);
             }
         }
     }
@@ -487,25 +548,26 @@ static size_t hc_partial_floats(size_t N, int n, int C) {
 // (n, n), dbeta_{j-1} (n), dg_j (C)) are left as P block partials in partial
 // (hc_partial_floats(N, n, C) floats), for hc_reduce_sites: one launch for all the sites of a
 // backward, after the last, instead of one per site.
-// dXp: in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T dX_j (dXp_out may equal dXp_in).
+// dXp, stored as G (HcGradF32 or HcGrad24): in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T
+// dX_j (dXp_out may equal dXp_in).
 // X: read only at site 0 (Xprev = NULL): the streams X_0 (xb = 1: the embedding (N, C));
 // elsewhere X_j is recomputed from Xprev and o, and X may be NULL.
 // Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (its
 // streams are equal, so dalpha_0 is 0: reduce its sums with dw = dalpha = NULL; dout and
 // dXp_out unused). Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C)
 // standing for X_0 (j = 1).
-static void hc_norm_read_update_backward(float *dXp_out, floatX *dout, float *dx0, float *partial, const float *dXp_in,
-                                         const float *du, const float *rstd, const floatX *g, const floatX *X,
-                                         const float *w, const floatX *Xprev, const floatX *o, const float *A,
-                                         const float *beta, size_t N, int C, int n, int xb, int xpb,
-                                         cudaStream_t st = 0) {
+template <typename G>
+static void hc_norm_read_update_backward(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in, const float *du,
+                                         const float *rstd, const floatX *g, const floatX *X, const float *w,
+                                         const floatX *Xprev, const floatX *o, const float *A, const float *beta,
+                                         size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {   // NPK: the packs of half 0
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
             const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
-            auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_>;
+            auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_, G>;
             if (smem > 48 * 1024) {
                 cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             }

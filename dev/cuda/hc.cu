@@ -9,7 +9,7 @@ Run:
     ./hc --cpu-selftest            the fp64 references' backwards vs central differences, and v3's
                                    fp32 emulation against the references; no GPU needed
     ./hc --bytes                   bytes per position per sublayer and a step's floors (100m); no GPU needed
-    ./hc --dxp-chain               what bf16 stream gradients would lose over 24 boundaries; no GPU needed
+    ./hc --dxp-chain               what bf16 or 24-bit stream gradients lose over 24 boundaries; no GPU needed
     ./hc --op OP --version N --check   version N of OP against the fp64 reference, twice
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
@@ -100,6 +100,11 @@ Versions:
       memory at a named barrier of the pair.
       Its sums over the channels are in another order than v5's, so --check holds it to the
       fp64 reference alone (v5's tolerances), and runs the edges.
+  v10 kernels/hc.cuh's backward with the bf16 trainer's storage of dXp: v9 with v8's 24 bits a
+      value (HcGrad24; v9 is the same kernel with HcGradF32, the fp32 trainer's). On the same
+      24-bit inputs its outputs are v9's bits and dXp_out v9's rounded to 24 bits (--check
+      requires both); against the reference dXp gets v8's allowance (2^-17 of the value), in
+      the edges too (dXp encoded before the call, decoded after).
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -136,7 +141,9 @@ measured:
      99): the embedding's gradient is off by 8.6e-3 .. 9.5e-3 normwise with bf16 dXp (fp32:
      3.0e-7 .. 4.8e-7), dA by up to 3.6e-3 .. 9.4e-3, i.e. 2 to 2.4 bf16 roundings (2^-8 =
      3.9e-3) where fp32 dXp adds nothing measurable; std keeps its running dres in fp32 for
-     the same reason. The accuracy does not hold at fp32's level, so dXp stays fp32.
+     the same reason. The accuracy does not hold at fp32's level, so dXp stays fp32. (Since
+     v10 the bf16 trainer stores it in 24 bits: --dxp-chain gives 2.8e-5 .. 3.9e-5 for the
+     embedding's gradient and up to 3.6e-5 for dA, a hundredth of one bf16 rounding.)
   Storing no streams at all is possible: A, beta, alpha do not depend on the input, so X_j is a
   fixed linear mix of the embedding and o_0 .. o_{j-1} (the slots the trainer keeps anyway), with
   n x (j+1) coefficients per sublayer; the read h_j is then a static AttnRes-like mix of all
@@ -577,8 +584,9 @@ hc_norm_read_update_backward_v3_kernel(float *dXp_out, floatX *dout, float *dx0,
 // Block 0 holds the dw columns (n <= 8): with dalpha it also adds the softmax's backward
 // dalpha[s] += w[s] (dw[s] - sum_t w[t] dw[t]) of this call's sums (the CPU's
 // hc_weights_backward). Grid ceil((NP + C) / 32).
-__global__ void __launch_bounds__(1024) hc_reduce_v3_kernel(float *dw, float *dA, float *dbeta, float *dg, float *dalpha,
-                                                         const float *w, const float *partial, int P, int n, int C) {
+__global__ void __launch_bounds__(1024) hc_reduce_v3_kernel(float *dw, float *dA, float *dbeta, float *dg,
+                                                            float *dalpha, const float *w, const float *partial, int P,
+                                                            int n, int C) {
     __shared__ float sh[32][33];
     const int NP = 2 * n + n * n, i = blockIdx.x * 32 + threadIdx.x;
     const float *col = NULL;
@@ -1445,13 +1453,14 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
-// v9 (kernels/hc.cuh) as one site's backward with v5's arguments: the kernel, then its sums
-// (hc_reduce_sites with one site; the trainer reduces all the sites of a backward in one launch)
-static void hc_backward_v9(float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA,
-                           float *dbeta, float *dg, float *partial, const float *dXp_in, const float *du,
-                           const float *rstd, const floatX *g, const floatX *X, const float *w, const floatX *Xprev,
-                           const floatX *o, const float *A, const float *beta, size_t N, int C, int n, int xb,
-                           int xpb) {
+// v9 and v10 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24 for v10) as one site's backward with
+// v5's arguments: the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces
+// all the sites of a backward in one launch)
+template <typename G>
+static void hc_backward_v9(G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
+                           float *dg, float *partial, G dXp_in, const float *du, const float *rstd, const floatX *g,
+                           const floatX *X, const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                           const float *beta, size_t N, int C, int n, int xb, int xpb) {
     hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C, n,
                                  xb, xpb);
     const HcSums sums = {dw, dalpha, dA, dbeta, dg, w};
@@ -1492,8 +1501,13 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
                                         d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
                                         0, 0);
     } else if (ver == 9) {   // v9 (kernels/hc.cuh): v5 split over a pair of warps a position
-        hc_backward_v9(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp, d.dh, d.rstd_in,
-                       d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+        hc_backward_v9(HcGradF32{d.dXp}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
+                       HcGradF32{d.dXp}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C,
+                       s.n, 0, 0);
+    } else if (ver == 10) {   // v10 (kernels/hc.cuh): v9 with dXp in 24 bits, in place in d.dxh, d.dxl (as v8)
+        hc_backward_v9(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
+                       HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N,
+                       s.C, s.n, 0, 0);
     } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward_v5(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
@@ -1591,12 +1605,15 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         const Shape &s = check_shapes[si];
         Inputs in = make_inputs(s, seed + si);
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-        if (ver == 8) { for (float &v : in.dXp) { v = round24(v); } }   // v8 (and v5 beside it) read 24-bit dXp
+        if (ver == 8 || ver == 10) {   // 24-bit dXp read (v8, v10, and v5, v9 beside them)
+            for (float &v : in.dXp) { v = round24(v); }
+        }
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
         std::vector<unsigned char> first[7];
         // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
-        // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits)
-        const int base = ver == 5 ? 3 : 5;
+        // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits); v10's after v9's
+        // (its dXp: v9's rounded to 24 bits)
+        const int base = ver == 5 ? 3 : ver == 10 ? 9 : 5;
         std::vector<unsigned char> v3bits[7];
         for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
@@ -1604,7 +1621,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
             zero(d.dalpha, s.n * 4);
             if (fwd) { run_fwd(v, s, d); }
-            else if (v == 8) {
+            else if (v == 8 || v == 10) {
                 hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, d.dXp, NS);
                 launchCheck();
                 run_bwd(v, s, d);
@@ -1624,7 +1641,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 if (v >= 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
             }
             if (rep < 0) {
-                if (ver == 8) {   // v8 stores dXp rounded to 24 bits: v5's, rounded
+                if (ver == 8 || ver == 10) {   // v8, v10 store dXp rounded to 24 bits: v5's, v9's, rounded
                     for (size_t i = 0; i < NS; i++) {
                         float v;
                         memcpy(&v, out[0].data() + 4 * i, 4);
@@ -1665,8 +1682,9 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                         ref_backward3(in, D(in.dXp), D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(),
                                       dA.data(), db.data(), dg.data());
                     }
-                    // v8 stores dXp rounded to 24 bits: one more rounding, 2^-17 of the value
-                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 ? 1e-5 + 1.0 / 131072 : 1e-5, 1e-6);
+                    // v8, v10 store dXp rounded to 24 bits: one more rounding, 2^-17 of the value
+                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 || ver == 10 ? 1e-5 + 1.0 / 131072 : 1e-5,
+                                  1e-6);
                     ok &= compare("dout", bytes_bf16_to_f(out[1]), dout, 1.0 / 256, 1e-6);
                     if (ver < 3) {
                         ok &= compare("dw", bytes_f32(out[2]), dw, 1e-4, 1e-5);
@@ -1779,6 +1797,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
+    if (ver == 10) { for (float &v : in.dXp) { v = round24(v); } }   // v10 reads 24-bit dXp: the reference too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -1790,6 +1809,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
     printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
+    const double t24 = ver == 10 ? 1.0 / 131072 : 0.0;   // v10 rounds its dXp_out to 24 bits: 2^-17 of it
     auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                         float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
                         const floatX *o, const float *A, const float *beta, int xb, int xpb) {
@@ -1804,9 +1824,17 @@ static bool check_edges_v3(uint64_t seed, int ver) {
             hc_norm_read_update_backward_v6(ver, dXp_out, NULL, NULL, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                                             dXp_in, NULL, NULL, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A,
                                             beta, s.N, s.C, n, xb, xpb);
-        } else {   // v9 (kernels/hc.cuh)
-            hc_backward_v9(dXp_out, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial, dXp_in, d.dh, rstd, d.g,
-                           Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb, xpb);
+        } else if (ver == 9) {   // v9 (kernels/hc.cuh)
+            hc_backward_v9(HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+                           HcGradF32{(float *)dXp_in}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta,
+                           s.N, s.C, n, xb, xpb);
+        } else {   // v10: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
+            const HcGrad24 g24 = {d.dxh, d.dxl};
+            if (dXp_in) { hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, dXp_in, NS); launchCheck(); }
+            hc_backward_v9(dXp_out ? g24 : HcGrad24{}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+                           dXp_in ? g24 : HcGrad24{}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N,
+                           s.C, n, xb, xpb);
+            if (dXp_out) { hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(dXp_out, d.dxh, d.dxl, NS); launchCheck(); }
         }
     };
     // 1. sublayer 0's update from the embedding (xb = 1), site 1's read and norm
@@ -1837,7 +1865,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
              d.bprev, 0, 0);
     ref_backward3(in, zeros, D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
                   dg.data());
-    ok &= compare("final:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("final:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5 + t24, 1e-6);
     ok &= compare("final:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
     ok &= compare("final:dg", bytes_f32(fetch_bytes(d.dg, s.C * 4)), dg, 1e-4, 1e-4);
     // 4. the update of sublayer 0 (xpb = 1: Xprev = the embedding)
@@ -1850,7 +1878,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
              d.bprev, 0, 1);
     ref_backward3(in, D(in.dXp), D(X1), D(X0), s, dXn.data(), dout.data(), dw.data(), dA.data(), db.data(),
                   dg.data());
-    ok &= compare("xpb:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5, 1e-6);
+    ok &= compare("xpb:dXp", bytes_f32(fetch_bytes(d.dXtmp, NS * 4)), dXn, 1e-5 + t24, 1e-6);
     ok &= compare("xpb:dA", bytes_f32(fetch_bytes(d.dA, n * n * 4)), dA, 1e-4, 1e-5);
     // 5. site 0's norm and read (X = the embedding, xb = 1; Xprev = NULL): dx0 += sum_r (dXp_r +
     // w[r] dh), onto dx0 = du (any start value); dg; rstd_in is then the embedding read's
@@ -1919,14 +1947,16 @@ static bool check_reduce_sites(uint64_t seed) {
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
 static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
-    return (((ver == 8 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
+    return (((ver == 8 || ver == 10 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
 }
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
     Inputs in = make_inputs(s, seed);
     Dev d = dev_make(s, in);
-    if (ver == 8) { hc24_encode_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.dxh, d.dxl, d.dXp, s.N * s.n * s.C); }
+    if (ver == 8 || ver == 10) {
+        hc24_encode_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.dxh, d.dxl, d.dXp, s.N * s.n * s.C);
+    }
     float mn;
     float ms = time_median(reps, [&]() { if (fwd) { run_fwd(ver, s, d); } else { run_bwd(ver, s, d); } }, &mn);
     double bytes = fwd ? fwd_bytes(s, ver) : bwd_bytes(s, ver);
@@ -2105,13 +2135,13 @@ static bool emu_v3(const Shape &s, uint64_t seed) {
 }
 
 // ============================================================================
-// --dxp-chain (no GPU): how much would bf16 stream gradients lose? The backward of 24 sublayer
+// --dxp-chain (no GPU): how much do bf16 or 24-bit stream gradients lose? The backward of 24 sublayer
 // boundaries, as the trainer chains them (dX_j = dXp_j + w_j dh_j, dXp_{j-1} = A_{j-1}^T dX_j,
 // dA_{j-1} += dX_j X_{j-1}^T over positions), with test_mhar's hc parameters (A = I + 0.1 z,
 // w = softmax(0.5 z)), random streams X and random site gradients dh_j of one scale; dXp kept
-// in fp64 (the reference), in fp32 (v3), and in fp32 arithmetic stored as bf16 at every
-// boundary (the candidate). Prints the normwise error (max|err| / max|ref|) of the embedding's
-// gradient sum_r dX_0 and the worst over boundaries of dA, against one bf16 rounding (2^-8).
+// in fp64 (the reference), in fp32 (v3), and in fp32 arithmetic stored as bf16 or in 24 bits
+// (v8, v10) at every boundary. Prints the normwise error (max|err| / max|ref|) of the embedding's
+// gradient sum_r dX_0 and the worst over boundaries of dA, against one rounding of each.
 // ============================================================================
 
 static int dxp_chain(uint64_t seed) {
@@ -2129,8 +2159,8 @@ static int dxp_chain(uint64_t seed) {
     for (auto &v : X) { v = bfr((float)host_normal()); }
     const size_t NS = N * n * C;
     std::vector<double> d64(NS, 0.0), dA64((size_t)J * n * n, 0.0), e64(N * C);
-    std::vector<float> d32(NS, 0.0f), d16(NS, 0.0f), dA32((size_t)J * n * n, 0.0f), dA16((size_t)J * n * n, 0.0f),
-        e32(N * C), e16(N * C);
+    std::vector<float> d32(NS, 0.0f), d16(NS, 0.0f), d24(NS, 0.0f), dA32((size_t)J * n * n, 0.0f),
+        dA16((size_t)J * n * n, 0.0f), dA24((size_t)J * n * n, 0.0f), e32(N * C), e16(N * C), e24(N * C);
     // dX = dXp + w dh; the update's backward through A_{j-1}; dA_{j-1} += dX X^T (X: the same random
     // streams at every boundary: the error's growth, not the values, is measured)
     for (int j = J; j >= 0; j--) {
@@ -2138,30 +2168,32 @@ static int dxp_chain(uint64_t seed) {
         for (size_t p = 0; p < N; p++) {
             for (int c = 0; c < C; c++) {
                 double x64[HC_MAX_N];
-                float x32[HC_MAX_N], x16[HC_MAX_N];
+                float x32[HC_MAX_N], x16[HC_MAX_N], x24[HC_MAX_N];
                 for (int r = 0; r < n; r++) {
                     size_t i = (p * n + r) * C + c;
                     x64[r] = d64[i] + w[j * n + r] * dh[p * C + c];
                     x32[r] = d32[i] + (float)w[j * n + r] * dh[p * C + c];
                     x16[r] = d16[i] + (float)w[j * n + r] * dh[p * C + c];
+                    x24[r] = d24[i] + (float)w[j * n + r] * dh[p * C + c];
                 }
                 if (j == 0) {
-                    double s64 = 0; float s32 = 0, s16 = 0;
-                    for (int r = 0; r < n; r++) { s64 += x64[r]; s32 += x32[r]; s16 += x16[r]; }
-                    e64[p * C + c] = s64; e32[p * C + c] = s32; e16[p * C + c] = s16;
+                    double s64 = 0; float s32 = 0, s16 = 0, s24 = 0;
+                    for (int r = 0; r < n; r++) { s64 += x64[r]; s32 += x32[r]; s16 += x16[r]; s24 += x24[r]; }
+                    e64[p * C + c] = s64; e32[p * C + c] = s32; e16[p * C + c] = s16; e24[p * C + c] = s24;
                     continue;
                 }
                 const double *a = &A[(size_t)(j - 1) * n * n];
                 for (int s = 0; s < n; s++) {
                     size_t i = (p * n + s) * C + c;
-                    double v64 = 0; float v32 = 0, v16 = 0;
+                    double v64 = 0; float v32 = 0, v16 = 0, v24 = 0;
                     for (int r = 0; r < n; r++) {
                         v64 += a[r * n + s] * x64[r]; v32 += (float)a[r * n + s] * x32[r];
-                        v16 += (float)a[r * n + s] * x16[r];
+                        v16 += (float)a[r * n + s] * x16[r]; v24 += (float)a[r * n + s] * x24[r];
                         size_t k = (size_t)(j - 1) * n * n + r * n + s;
                         dA64[k] += x64[r] * X[i]; dA32[k] += x32[r] * X[i]; dA16[k] += x16[r] * X[i];
+                        dA24[k] += x24[r] * X[i];
                     }
-                    d64[i] = v64; d32[i] = v32; d16[i] = bfr(v16);
+                    d64[i] = v64; d32[i] = v32; d16[i] = bfr(v16); d24[i] = round24(v24);
                 }
             }
         }
@@ -2171,14 +2203,16 @@ static int dxp_chain(uint64_t seed) {
         for (size_t i = off; i < off + len; i++) { m = std::max(m, fabs(r[i])); e = std::max(e, fabs(g[i] - r[i])); }
         return e / m;
     };
-    double a32 = 0, a16 = 0;
+    double a32 = 0, a16 = 0, a24 = 0;
     for (int j = 0; j < J; j++) {
         a32 = std::max(a32, nerr(dA32, dA64, (size_t)j * n * n, n * n));
         a16 = std::max(a16, nerr(dA16, dA64, (size_t)j * n * n, n * n));
+        a24 = std::max(a24, nerr(dA24, dA64, (size_t)j * n * n, n * n));
     }
-    printf("dxp-chain: %d boundaries, N=%zu C=%d n=%d: embedding gradient error fp32 dXp %.1e, bf16 dXp %.1e; "
-           "dA (worst boundary) fp32 %.1e, bf16 %.1e; one bf16 rounding 3.9e-03\n", J, N, C, n,
-           nerr(e32, e64, 0, N * C), nerr(e16, e64, 0, N * C), a32, a16);
+    printf("dxp-chain: %d boundaries, N=%zu C=%d n=%d: embedding gradient error fp32 dXp %.1e, 24-bit dXp %.1e,"
+           " bf16 dXp %.1e; dA (worst boundary) fp32 %.1e, 24-bit %.1e, bf16 %.1e; one bf16 rounding 3.9e-03,"
+           " one 24-bit rounding 7.6e-06\n", J, N, C, n, nerr(e32, e64, 0, N * C), nerr(e24, e64, 0, N * C),
+           nerr(e16, e64, 0, N * C), a32, a24, a16);
     return 0;
 }
 
@@ -2293,8 +2327,9 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver > 9 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9] [--check] [--bench] [--seed S] [--reps R];"
+    if (ver < 0 || ver == 4 || ver > 10 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10] [--check] [--bench] [--seed S]"
+                        " [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47)\n");
         return 1;
     }
@@ -2302,7 +2337,7 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
@@ -2312,7 +2347,7 @@ int main(int argc, char **argv) {
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7, 9}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9, 10}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
         if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {

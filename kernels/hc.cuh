@@ -251,9 +251,9 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 #define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
 // channels of half 0 of a row of C (the larger half: 8 ceil(C / 16), whole 16-byte packs)
 __host__ __device__ constexpr int hc_bwd_half0(int C) { return 8 * ((C / 8 + 1) / 2); }
-constexpr int hc_bwd_min_blocks(int ns, int npk) { return ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2; }
-// whether a lane loads its position's dXp in pass 1 (ns npk 8-value packs held across the row's sum)
-__host__ __device__ constexpr bool hc_bwd_prefetch(int ns, int npk) { return ns * npk <= 4; }
+constexpr int hc_bwd_min_blocks(int ns, int npk) {
+    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
+}
 template <int NS, int NPK, typename G>
 __global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
 hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
@@ -262,7 +262,6 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                                     const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
                                     int xpb) {
     constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
-    constexpr bool PRE = hc_bwd_prefetch(NS, NPK);
     extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
     __shared__ float red[HC_BWD_WARPS][NP];
     __shared__ float xch[2][PAIRS][2];
@@ -287,7 +286,6 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
         const float s = rstd[p];
         // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
         float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
-        float dpre[PRE ? NPK : 1][NS][8];   // PRE: this position's dXp, loaded in pass 1 for pass 2
 #pragma unroll
         for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
 #pragma unroll
@@ -296,14 +294,6 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
 #pragma unroll
             for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
             if (lc >= Ch) { continue; }
-            if (PRE) {   // issued first: their DRAM round trip overlaps pass 1's instead of following the row's sum
-#pragma unroll
-                for (int r = 0; r < NS; r++) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { dpre[PRE ? q : 0][r][k] = 0.0f; }
-                    if (!hc_grad_null(dXp_in)) { hc_grad_load8(dpre[PRE ? q : 0][r], dXp_in, (p * NS + r) * C + c0); }
-                }
-            }
             float x[NS][8];
             if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
                 float xp[NS][8], ov[8];
@@ -364,12 +354,7 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
 #pragma unroll
             for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
                 float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                if (PRE) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { dv[k] = dpre[PRE ? q : 0][r][k]; }
-                } else if (!hc_grad_null(dXp_in)) {
-                    hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0);
-                }
+                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
 #pragma unroll
                 for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
             }

@@ -105,12 +105,6 @@ Versions:
       24-bit inputs its outputs are v9's bits and dXp_out v9's rounded to 24 bits (--check
       requires both); against the reference dXp gets v8's allowance (2^-17 of the value), in
       the edges too (dXp encoded before the call, decoded after).
-  v11 kernels/hc.cuh's backward: v10 (here _v10, with v9) with each lane's dXp loaded in pass 1,
-      before the row's sum, into registers, where n npk <= 4 (the 100m shape: 32 values a lane),
-      instead of in pass 2 after the pair's barrier: its DRAM round trip overlaps pass 1's loads.
-      v6 and v7 staged dXp in shared memory for the same reason and lost L1 to it; here it costs
-      registers: 128 at n = 4, C = 512, no spills (v10: 96), which the 4 blocks an SM that the
-      barrier ids allow can afford. The same arithmetic: --check requires v10's bits.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -1459,212 +1453,16 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
-// v9 and v10: kernels/hc.cuh's backward before v11 (here with the names _v10; the bodies
-// unchanged): v5 split over a pair of warps a position, the stream gradient's storage a template
-// parameter (G: HcGradF32 is v9, HcGrad24 v10).
-constexpr int hc_bwd_min_blocks_v10(int ns, int npk) {
-    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
-}
-template <int NS, int NPK, typename G>
-__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks_v10(NS, NPK))
-hc_norm_read_update_backward_v10_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
-                                    const float *du, const float *rstd, const floatX *g,
-                                    const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
-                                    const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
-                                    int xpb) {
-    constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
-    extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
-    __shared__ float red[HC_BWD_WARPS][NP];
-    __shared__ float xch[2][PAIRS][2];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
-    const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
-    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
-    float a[NS][NS], b[NS], wr[NS], acc[NP];
-#pragma unroll
-    for (int r = 0; r < NS; r++) {
-        b[r] = Xprev ? beta[r] : 1.0f;
-        wr[r] = w[r];
-#pragma unroll
-        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
-    }
-#pragma unroll
-    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
-#pragma unroll
-    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
-    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
-    int par = 0;
-    for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
-        const float s = rstd[p];
-        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
-        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
-#pragma unroll
-        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
-#pragma unroll
-        for (int q = 0; q < NPK; q++) {
-            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
-#pragma unroll
-            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
-            if (lc >= Ch) { continue; }
-            float x[NS][8];
-            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
-                float xp[NS][8], ov[8];
-#pragma unroll
-                for (int s2 = 0; s2 < NS; s2++) {
-                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
-                }
-                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
-#pragma unroll
-                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
-#pragma unroll
-                for (int r = 0; r < NS; r++) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
-                    }
-                }
-            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
-#pragma unroll
-                for (int r = 0; r < NS; r++) {
-                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < NS; r++) {
-#pragma unroll
-                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
-            }
-            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
-            float gf[8];
-            hc_load_g8(gf, g + c0);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
-                dug[q][k] = d0.x[k] * gf[k];
-                gwx += dug[q][k] * h[q][k];
-                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
-#pragma unroll
-                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
-            }
-        }
-        gwx = warp_sum(gwx);   // this half's sum, then the pair's: half 0's + half 1's
-        if (lane == 0) { xch[par][pair][hf] = gwx; }
-        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + pair), "r"(64) : "memory");
-        gwx = xch[par][pair][0] + xch[par][pair][1];
-        const float k3 = s * s * s / C * gwx;
-#pragma unroll
-        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
-        // pass 2: dh, then the read's and the update's backward
-#pragma unroll
-        for (int q = 0; q < NPK; q++) {
-            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
-            if (lc >= Ch) { continue; }
-            float d[NS][8];
-#pragma unroll
-            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
-                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
-#pragma unroll
-                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
-            }
-            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
-                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-#pragma unroll
-                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
-                }
-                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
-                continue;
-            }
-            HcPackX op;
-            float ov[8];
-            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
-#pragma unroll
-            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
-#pragma unroll
-            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
-                float t = 0.0f;
-#pragma unroll
-                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
-                op.x[k] = fromF<floatX>(t);
-            }
-            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
-#pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
-                float out[8];
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    float xs = toF(xv.x[k]), v = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
-                    out[k] = v;
-                }
-                hc_grad_store8(dXp_out, (p * NS + s2) * C + c0, out);
-            }
-        }
-    }
-    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
-#pragma unroll
-    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
-        float t = 0.0f;
-        for (int k = 0; k < HC_BWD_WARPS; k++) { t += red[k][i]; }
-        partial[(size_t)blockIdx.x * NP + i] = t;
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {   // channel c: half c >= C0, held by the warps of that half
-        const int h2 = c >= C0, lc = c - h2 * C0, i = 32 * (8 * (lc / 256) + lc % 8) + lc / 8 % 32;
-        float t = 0.0f;
-        for (int k = h2; k < HC_BWD_WARPS; k += 2) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
-        gpart[(size_t)blockIdx.x * C + c] = t;
-    }
-}
-
+// v9 and v10 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24 for v10) as one site's backward with
+// v5's arguments: the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces
+// all the sites of a backward in one launch)
 template <typename G>
-static void hc_norm_read_update_backward_v10(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in, const float *du,
-                                         const float *rstd, const floatX *g, const floatX *X, const float *w,
-                                         const floatX *Xprev, const floatX *o, const float *A, const float *beta,
-                                         size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
-    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
-    float *gpart = partial + (size_t)P * NP;
-    hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {   // NPK: the packs of half 0
-            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
-            const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
-            auto kernel = hc_norm_read_update_backward_v10_kernel<NS_, NPK_, G>;
-            if (smem > 48 * 1024) {
-                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            }
-            kernel<<<P, 32 * HC_BWD_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
-                                                       Xprev, o, A, beta, N, C, rows, xb, xpb);
-        });
-    });
-    launchCheck();
-}
-
-// v9, v10 (the _v10 launcher; G: HcGradF32 for v9, HcGrad24 for v10) and v11 (kernels/hc.cuh;
-// HcGrad24, the bf16 trainer's) as one site's backward with v5's arguments: the kernel, then its
-// sums (hc_reduce_sites with one site; the trainer reduces all the sites of a backward in one launch)
-template <typename G>
-static void hc_backward_v9(int ver, G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
+static void hc_backward_v9(G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                            float *dg, float *partial, G dXp_in, const float *du, const float *rstd, const floatX *g,
                            const floatX *X, const float *w, const floatX *Xprev, const floatX *o, const float *A,
                            const float *beta, size_t N, int C, int n, int xb, int xpb) {
-    if (ver == 11) {
-        hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C,
-                                     n, xb, xpb);
-    } else {
-        hc_norm_read_update_backward_v10(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N,
-                                         C, n, xb, xpb);
-    }
+    hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C, n,
+                                 xb, xpb);
     const HcSums sums = {dw, dalpha, dA, dbeta, dg, w};
     hc_reduce_sites([&](int) { return sums; }, partial, 0, 1, N, n, C);
 }
@@ -1702,12 +1500,12 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_norm_read_update_backward_v3(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, d.X, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
                                         0, 0);
-    } else if (ver == 9) {   // v9: v5 split over a pair of warps a position
-        hc_backward_v9(9, HcGradF32{d.dXp}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
+    } else if (ver == 9) {   // v9 (kernels/hc.cuh): v5 split over a pair of warps a position
+        hc_backward_v9(HcGradF32{d.dXp}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGradF32{d.dXp}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C,
                        s.n, 0, 0);
-    } else if (ver == 10 || ver == 11) {   // v10: v9 with dXp in 24 bits, in place in d.dxh, d.dxl (as v8); v11
-        hc_backward_v9(ver, HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
+    } else if (ver == 10) {   // v10 (kernels/hc.cuh): v9 with dXp in 24 bits, in place in d.dxh, d.dxl (as v8)
+        hc_backward_v9(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N,
                        s.C, s.n, 0, 0);
     } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
@@ -1807,15 +1605,15 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         const Shape &s = check_shapes[si];
         Inputs in = make_inputs(s, seed + si);
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-        if (ver == 8 || ver >= 10) {   // 24-bit dXp read (v8, v10, v11, and v5, v9, v10 beside them)
+        if (ver == 8 || ver == 10) {   // 24-bit dXp read (v8, v10, and v5, v9 beside them)
             for (float &v : in.dXp) { v = round24(v); }
         }
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
         std::vector<unsigned char> first[7];
         // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
         // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits); v10's after v9's
-        // (its dXp: v9's rounded to 24 bits); v11's after v10's
-        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 11 ? 10 : 5;
+        // (its dXp: v9's rounded to 24 bits)
+        const int base = ver == 5 ? 3 : ver == 10 ? 9 : 5;
         std::vector<unsigned char> v3bits[7];
         for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
@@ -1823,7 +1621,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
             zero(d.dalpha, s.n * 4);
             if (fwd) { run_fwd(v, s, d); }
-            else if (v == 8 || v >= 10) {
+            else if (v == 8 || v == 10) {
                 hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, d.dXp, NS);
                 launchCheck();
                 run_bwd(v, s, d);
@@ -1885,7 +1683,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                                       dA.data(), db.data(), dg.data());
                     }
                     // v8, v10 store dXp rounded to 24 bits: one more rounding, 2^-17 of the value
-                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 || ver >= 10 ? 1e-5 + 1.0 / 131072 : 1e-5,
+                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 || ver == 10 ? 1e-5 + 1.0 / 131072 : 1e-5,
                                   1e-6);
                     ok &= compare("dout", bytes_bf16_to_f(out[1]), dout, 1.0 / 256, 1e-6);
                     if (ver < 3) {
@@ -1999,7 +1797,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
-    if (ver >= 10) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v11 read 24-bit dXp: the reference too
+    if (ver == 10) { for (float &v : in.dXp) { v = round24(v); } }   // v10 reads 24-bit dXp: the reference too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -2011,7 +1809,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
     printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
-    const double t24 = ver >= 10 ? 1.0 / 131072 : 0.0;   // v10, v11 round their dXp_out to 24 bits: 2^-17 of it
+    const double t24 = ver == 10 ? 1.0 / 131072 : 0.0;   // v10 rounds its dXp_out to 24 bits: 2^-17 of it
     auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                         float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
                         const floatX *o, const float *A, const float *beta, int xb, int xpb) {
@@ -2026,14 +1824,14 @@ static bool check_edges_v3(uint64_t seed, int ver) {
             hc_norm_read_update_backward_v6(ver, dXp_out, NULL, NULL, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                                             dXp_in, NULL, NULL, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A,
                                             beta, s.N, s.C, n, xb, xpb);
-        } else if (ver == 9) {   // v9
-            hc_backward_v9(9, HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+        } else if (ver == 9) {   // v9 (kernels/hc.cuh)
+            hc_backward_v9(HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                            HcGradF32{(float *)dXp_in}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta,
                            s.N, s.C, n, xb, xpb);
-        } else {   // v10, v11: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
+        } else {   // v10: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
             const HcGrad24 g24 = {d.dxh, d.dxl};
             if (dXp_in) { hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, dXp_in, NS); launchCheck(); }
-            hc_backward_v9(ver, dXp_out ? g24 : HcGrad24{}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+            hc_backward_v9(dXp_out ? g24 : HcGrad24{}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                            dXp_in ? g24 : HcGrad24{}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N,
                            s.C, n, xb, xpb);
             if (dXp_out) { hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(dXp_out, d.dxh, d.dxl, NS); launchCheck(); }
@@ -2149,14 +1947,14 @@ static bool check_reduce_sites(uint64_t seed) {
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
 static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
-    return (((ver == 8 || ver >= 10 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
+    return (((ver == 8 || ver == 10 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
 }
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
     Inputs in = make_inputs(s, seed);
     Dev d = dev_make(s, in);
-    if (ver == 8 || ver >= 10) {
+    if (ver == 8 || ver == 10) {
         hc24_encode_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.dxh, d.dxl, d.dXp, s.N * s.n * s.C);
     }
     float mn;
@@ -2529,8 +2327,8 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver > 11 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|11] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver == 4 || ver > 10 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10] [--check] [--bench] [--seed S]"
                         " [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47)\n");
         return 1;
@@ -2539,7 +2337,7 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 11}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
@@ -2549,7 +2347,7 @@ int main(int argc, char **argv) {
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7, 9, 10, 11}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9, 10}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
         if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {

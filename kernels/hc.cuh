@@ -190,30 +190,38 @@ __device__ __forceinline__ void hc_grad_store8(HcGradF32 g, size_t i, const floa
     for (int k = 0; k < 8; k++) { t.x[k] = v[k]; }
     *reinterpret_cast<HcPackF *>(g.v + i) = t;
 }
-__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) {   // one 16-byte, one 8-byte load
+// 8 values at element i: one 16-byte and one 8-byte load, then byte permutes (PRMT) alone: z[m]
+// holds low bytes 2m and 2m + 1 at its bytes 1 and 3, zeros at 0 and 2, and each value takes
+// two bytes of hi and two of z: 1.5 instructions a value
+__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) {
     const uint4 hv = *reinterpret_cast<const uint4 *>(g.hi + i);
     const uint2 lv = *reinterpret_cast<const uint2 *>(g.lo + i);
-    const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w}, lw[2] = {lv.x, lv.y};
+    const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w};
+    const uint32_t z[4] = {__byte_perm(lv.x, 0u, 0x1404), __byte_perm(lv.x, 0u, 0x3424),
+                           __byte_perm(lv.y, 0u, 0x1404), __byte_perm(lv.y, 0u, 0x3424)};
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint32_t hk = (hw[k / 2] >> (16 * (k % 2))) & 0xFFFFu, lk = (lw[k / 4] >> (8 * (k % 4))) & 0xFFu;
-        v[k] = __uint_as_float((hk << 16) | (lk << 8));
+    for (int m = 0; m < 4; m++) {
+        v[2 * m] = __uint_as_float(__byte_perm(hw[m], z[m], 0x1054));       // hi half 0, z byte 1
+        v[2 * m + 1] = __uint_as_float(__byte_perm(hw[m], z[m], 0x3276));   // hi half 1, z byte 3
     }
 }
-// fp32 bits -> the top 24, rounded to nearest even; infinities and NaNs truncated, so a NaN stays a NaN
-__host__ __device__ inline uint32_t hc_grad24_round(uint32_t u) {
-    return (u & 0x7F800000u) == 0x7F800000u ? u >> 8 : (u + 0x7Fu + ((u >> 8) & 1u)) >> 8;
+// fp32 -> its bits rounded to nearest even at bit 8, in place (the top 24 bits are the stored value;
+// the low 8 are dropped by the packing); infinities and NaNs are truncated, so a NaN stays a NaN
+__device__ __forceinline__ uint32_t hc_grad24_round_hi(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return fabsf(x) < __uint_as_float(0x7F800000u) ? u + 0x7Fu + ((u >> 8) & 1u) : u;
 }
+// 8 values rounded, their top 16 bits (bytes 2, 3) to hi and their byte 1 to lo, by byte permutes
 __device__ __forceinline__ void hc_grad_store8(HcGrad24 g, size_t i, const float v[8]) {
-    uint32_t hw[4] = {0, 0, 0, 0}, lw[2] = {0, 0};
+    uint32_t r[8];
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const uint32_t t = hc_grad24_round(__float_as_uint(v[k]));
-        hw[k / 2] |= (t >> 8) << (16 * (k % 2));
-        lw[k / 4] |= (t & 0xFFu) << (8 * (k % 4));
-    }
-    *reinterpret_cast<uint4 *>(g.hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-    *reinterpret_cast<uint2 *>(g.lo + i) = make_uint2(lw[0], lw[1]);
+    for (int k = 0; k < 8; k++) { r[k] = hc_grad24_round_hi(v[k]); }
+    const uint4 hv = make_uint4(__byte_perm(r[0], r[1], 0x7632), __byte_perm(r[2], r[3], 0x7632),
+                                __byte_perm(r[4], r[5], 0x7632), __byte_perm(r[6], r[7], 0x7632));
+    const uint2 lv = make_uint2(__byte_perm(__byte_perm(r[0], r[1], 0x51), __byte_perm(r[2], r[3], 0x51), 0x5410),
+                                __byte_perm(__byte_perm(r[4], r[5], 0x51), __byte_perm(r[6], r[7], 0x51), 0x5410));
+    *reinterpret_cast<uint4 *>(g.hi + i) = hv;
+    *reinterpret_cast<uint2 *>(g.lo + i) = lv;
 }
 // the trainer's storage: 24 bits where the activations are bf16
 typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;

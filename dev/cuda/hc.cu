@@ -14,9 +14,9 @@ Run:
                                        (the two runs must be bit-identical)
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
-  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9;
-  v5 to v9 are backwards only, their forward is v3's; v4 is in commit 7959a47, merged and
-  reverted, measured and not kept).
+  OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9,
+  10, 12; v5 and later are backwards only, their forward is v3's; v4 is in commit 7959a47 and
+  v11 in commit 634d014, each merged and reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
 
@@ -104,7 +104,12 @@ Versions:
       value (HcGrad24; v9 is the same kernel with HcGradF32, the fp32 trainer's). On the same
       24-bit inputs its outputs are v9's bits and dXp_out v9's rounded to 24 bits (--check
       requires both); against the reference dXp gets v8's allowance (2^-17 of the value), in
-      the edges too (dXp encoded before the call, decoded after).
+      the edges too (dXp encoded before the call, decoded after). The lab keeps v10's packing
+      (shifts and masks) as the storage type HcGrad24v10 below.
+  v12 kernels/hc.cuh's backward: v10 with the 24-bit values packed and unpacked by byte
+      permutes (HcGrad24: 1.5 instructions a value to load, about 6 to round and store; v10's
+      shifts and masks took about 5 and 11). The same format and arithmetic: --check requires
+      v10's bits, dXp_out included.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -932,6 +937,25 @@ __device__ __forceinline__ void hc24_store8(uint16_t *hi, uint8_t *lo, size_t i,
     *reinterpret_cast<uint4 *>(hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     *reinterpret_cast<uint2 *>(lo + i) = make_uint2(lw[0], lw[1]);
 }
+// v10's storage of dXp (kernels/hc.cuh's HcGrad24 before v12): the same format, packed and
+// unpacked with shifts and masks (v8's load; v8's store with infinities and NaNs truncated)
+struct HcGrad24v10 { uint16_t *hi; uint8_t *lo; };
+__host__ __device__ inline bool hc_grad_null(HcGrad24v10 g) { return g.hi == NULL; }
+__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24v10 g, size_t i) { hc24_load8(v, g.hi, g.lo, i); }
+__device__ __forceinline__ void hc_grad_store8(HcGrad24v10 g, size_t i, const float v[8]) {
+    uint32_t hw[4] = {0, 0, 0, 0}, lw[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t u = __float_as_uint(v[k]), t = (u & 0x7F800000u) == 0x7F800000u ? u >> 8 : hc24_round(u);
+        hw[k / 2] |= (t >> 8) << (16 * (k % 2));
+        lw[k / 4] |= (t & 0xFFu) << (8 * (k % 4));
+    }
+    *reinterpret_cast<uint4 *>(g.hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    *reinterpret_cast<uint2 *>(g.lo + i) = make_uint2(lw[0], lw[1]);
+}
+// dXp in 24 bits: v8, v10, v12
+static bool dxp24(int ver) { return ver == 8 || ver == 10 || ver == 12; }
+
 // the lab's conversions: fp32 (count values) -> 24-bit arrays, and back
 __global__ void hc24_encode_kernel(uint16_t *hi, uint8_t *lo, const float *x, size_t count) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1453,7 +1477,8 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
-// v9 and v10 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24 for v10) as one site's backward with
+// v9, v10 and v12 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for v12) as one
+// site's backward with
 // v5's arguments: the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces
 // all the sites of a backward in one launch)
 template <typename G>
@@ -1504,7 +1529,11 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_backward_v9(HcGradF32{d.dXp}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGradF32{d.dXp}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C,
                        s.n, 0, 0);
-    } else if (ver == 10) {   // v10 (kernels/hc.cuh): v9 with dXp in 24 bits, in place in d.dxh, d.dxl (as v8)
+    } else if (ver == 10) {   // v10: v9 with dXp in 24 bits, in place in d.dxh, d.dxl (as v8)
+        hc_backward_v9(HcGrad24v10{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
+                       HcGrad24v10{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev,
+                       s.N, s.C, s.n, 0, 0);
+    } else if (ver == 12) {   // v12 (kernels/hc.cuh): v10 packed by byte permutes
         hc_backward_v9(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N,
                        s.C, s.n, 0, 0);
@@ -1605,15 +1634,15 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         const Shape &s = check_shapes[si];
         Inputs in = make_inputs(s, seed + si);
         size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-        if (ver == 8 || ver == 10) {   // 24-bit dXp read (v8, v10, and v5, v9 beside them)
+        if (dxp24(ver)) {   // 24-bit dXp read (v8, v10, v12, and v5, v9, v10 beside them)
             for (float &v : in.dXp) { v = round24(v); }
         }
         printf("%s v%d N=%zu C=%d n=%d:", fwd ? "fwd" : "bwd", ver, s.N, s.C, s.n);
         std::vector<unsigned char> first[7];
         // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
         // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits); v10's after v9's
-        // (its dXp: v9's rounded to 24 bits)
-        const int base = ver == 5 ? 3 : ver == 10 ? 9 : 5;
+        // (its dXp: v9's rounded to 24 bits); v12's after v10's
+        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 12 ? 10 : 5;
         std::vector<unsigned char> v3bits[7];
         for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
@@ -1621,7 +1650,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
             zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
             zero(d.dalpha, s.n * 4);
             if (fwd) { run_fwd(v, s, d); }
-            else if (v == 8 || v == 10) {
+            else if (dxp24(v)) {
                 hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, d.dXp, NS);
                 launchCheck();
                 run_bwd(v, s, d);
@@ -1641,7 +1670,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 if (v >= 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
             }
             if (rep < 0) {
-                if (ver == 8 || ver == 10) {   // v8, v10 store dXp rounded to 24 bits: v5's, v9's, rounded
+                if (dxp24(ver)) {   // v8, v10 store dXp rounded to 24 bits: v5's, v9's, rounded (v10's: as it is)
                     for (size_t i = 0; i < NS; i++) {
                         float v;
                         memcpy(&v, out[0].data() + 4 * i, 4);
@@ -1682,8 +1711,8 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                         ref_backward3(in, D(in.dXp), D(in.X), D(in.Xprev), s, dXn.data(), dout.data(), dw.data(),
                                       dA.data(), db.data(), dg.data());
                     }
-                    // v8, v10 store dXp rounded to 24 bits: one more rounding, 2^-17 of the value
-                    ok &= compare("dXp", bytes_f32(out[0]), dXn, ver == 8 || ver == 10 ? 1e-5 + 1.0 / 131072 : 1e-5,
+                    // v8, v10, v12 store dXp rounded to 24 bits: one more rounding, 2^-17 of the value
+                    ok &= compare("dXp", bytes_f32(out[0]), dXn, dxp24(ver) ? 1e-5 + 1.0 / 131072 : 1e-5,
                                   1e-6);
                     ok &= compare("dout", bytes_bf16_to_f(out[1]), dout, 1.0 / 256, 1e-6);
                     if (ver < 3) {
@@ -1797,7 +1826,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
-    if (ver == 10) { for (float &v : in.dXp) { v = round24(v); } }   // v10 reads 24-bit dXp: the reference too
+    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12 read 24-bit dXp: the reference too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -1809,7 +1838,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
     printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
-    const double t24 = ver == 10 ? 1.0 / 131072 : 0.0;   // v10 rounds its dXp_out to 24 bits: 2^-17 of it
+    const double t24 = dxp24(ver) ? 1.0 / 131072 : 0.0;   // v10, v12 round dXp_out to 24 bits: 2^-17 of it
     auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                         float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
                         const floatX *o, const float *A, const float *beta, int xb, int xpb) {
@@ -1828,12 +1857,15 @@ static bool check_edges_v3(uint64_t seed, int ver) {
             hc_backward_v9(HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                            HcGradF32{(float *)dXp_in}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta,
                            s.N, s.C, n, xb, xpb);
-        } else {   // v10: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
-            const HcGrad24 g24 = {d.dxh, d.dxl};
+        } else {   // v10, v12: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
             if (dXp_in) { hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, dXp_in, NS); launchCheck(); }
-            hc_backward_v9(dXp_out ? g24 : HcGrad24{}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
-                           dXp_in ? g24 : HcGrad24{}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N,
-                           s.C, n, xb, xpb);
+            auto run = [&](auto g24) {   // G: the version's storage type
+                decltype(g24) none = {};
+                hc_backward_v9(dXp_out ? g24 : none, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
+                               dXp_in ? g24 : none, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N,
+                               s.C, n, xb, xpb);
+            };
+            if (ver == 10) { run(HcGrad24v10{d.dxh, d.dxl}); } else { run(HcGrad24{d.dxh, d.dxl}); }
             if (dXp_out) { hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(dXp_out, d.dxh, d.dxl, NS); launchCheck(); }
         }
     };
@@ -1947,14 +1979,14 @@ static bool check_reduce_sites(uint64_t seed) {
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
 static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
-    return (((ver == 8 || ver == 10 ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
+    return (((dxp24(ver) ? 8.0 : ver >= 5 ? 10.0 : 12.0) * s.n + 8) * s.C + (ver >= 3 ? 4 : 0)) * s.N;
 }
 
 static void bench_op(bool fwd, int ver, int reps, uint64_t seed, double gbs) {
     const Shape &s = bench_shape;
     Inputs in = make_inputs(s, seed);
     Dev d = dev_make(s, in);
-    if (ver == 8 || ver == 10) {
+    if (dxp24(ver)) {
         hc24_encode_kernel<<<ceil_div(s.N * s.n * s.C, 256), 256>>>(d.dxh, d.dxl, d.dXp, s.N * s.n * s.C);
     }
     float mn;
@@ -2327,17 +2359,17 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver > 10 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver == 4 || ver == 11 || ver > 12 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12] [--check] [--bench] [--seed S]"
                         " [--reps R];"
-                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47)\n");
+                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014)\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
@@ -2347,7 +2379,7 @@ int main(int argc, char **argv) {
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7, 9, 10}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9, 10, 12}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
         if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {

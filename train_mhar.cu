@@ -48,14 +48,12 @@ that read it, in fp32, visiting the slots in reverse order: one (B, T, C) fp32
 slot gradient at a time, written once.
 
 Hyper-connections (SPEC section 8, -r hc -hc_n n): slot j+1 keeps o_j, and the
-n streams after every second sublayer are kept (Acts.hcx; the others are recomputed from them
-and o where a kernel needs them, hc_streams); kernels/hc.cuh fuses the
+n streams after each sublayer but the last are kept (Acts.hcx); kernels/hc.cuh fuses the
 update of sublayer j with the read of site j+1 and its pre-norm in the forward
 (writing u_{j+1} and its rstd, as std keeps them; the read h_{j+1} is not stored),
 and the norm's and the read's backward of site j with the update's backward of
-sublayer j-1 (recomputing X_j from X_{j-1} and o_{j-1}, then h_j), keeping one stream gradient
-(N, n, C) (24 bits a value in the bf16 build) written at every second site: the site between
-stores its read's gradient dh_j (N, C) instead.
+sublayer j-1 (recomputing X_j from X_{j-1} and o_{j-1}, then h_j), keeping one fp32 stream gradient
+(N, n, C) updated in place.
 */
 #include <sys/resource.h>
 #include <type_traits>
@@ -201,8 +199,8 @@ typedef struct {
     float *null_r;  // (J)        fp32: delta: r of each site's null source
     floatX *gate;   // (N, C)     delta: the site input h_j = x_j + alpha_j mix_j, of the site being
                     //            processed (the backward recomputes it, bit for bit)
-    floatX *hcx;    // (L-1, N, n, C)  hc streams X_j after sublayer j-1 for even j = 2..2L-2; the others
-                    //            are recomputed from the stored ones (hc_streams; X_0 is n copies of slot 0) (hc)
+    floatX *hcx;    // (2L-1, N, n, C)  hc streams X_j after sublayer j-1, j = 1..2L-1 (X_0 is n copies
+                    //            of slot 0, and X_2L is recomputed by the backward: neither stored) (hc)
     float *hc_w;    // (J, n)     fp32 hc read weights softmax(alpha_j); [2L] = 1/n (hc; hc_prepare)
     float *hc_A32;  // (2L, n, n) fp32 copy of hc's A (hc; hc_prepare)
     float *hc_beta32; // (2L, n)  fp32 copy of hc's beta (hc; hc_prepare)
@@ -231,7 +229,7 @@ typedef struct {
 
 // Backward scratch and gradients of activations, in one device allocation.
 // fp32 unless marked floatX (those are inputs of matmul backwards).
-#define NUM_GRAD_ACT_TENSORS 25
+#define NUM_GRAD_ACT_TENSORS 24
 typedef struct {
     float *dslots;  // (N, C)  gradient of one slot at a time, from slot 2L down to slot 0. std: the
                     // running gradient of the residual stream, dL/dx_j after site j's norm backward
@@ -255,10 +253,8 @@ typedef struct {
     float *route_fwdp; // (K-1, N, C), then (K-1, N, H): the grouped routing forward's partials (mhar,
                        // K = Model.fwd_kmax > 1); forward scratch, inside route_G when they fit
     HcGrad hc_dX;   // (N, n, C)  hc: A_j^T dX_{j+1}, the streams' gradient from the updates above
-                    //            site j, written in place by the odd sites (hc_site_backward; bf16
+                    //            site j, updated in place from site 2L down to site 1 (hc; bf16
                     //            build: 24 bits a value, kernels/hc.cuh)
-    HcGrad hc_dh;   // (N, C)     hc: dh_j of the last even site j >= 2, which the odd site j-1 reads
-                    //            (hc_site_backward; bf16 build: 24 bits a value)
     float *hc_partial; // (J, hc_partial_floats(N, n, C))  per site: per-part sums of dw, dA, dbeta and the norm
                        //            weight's gradient (hc)
     float *att_D;   // (B, NH, T)  dout . out per attention row
@@ -463,7 +459,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&a->route_lse, routed ? J * N * c->H : 0, S}, {(void **)&a->route_qg, routed ? J * C : 0, S},
         {(void **)&a->h, routed ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
         {(void **)&a->gate, delta ? N * C : 0, X},
-        {(void **)&a->hcx, hc ? ((size_t)c->L - 1) * N * hn * C : 0, X}, {(void **)&a->hc_w, J * hn, S},
+        {(void **)&a->hcx, (J - 2) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
         {(void **)&a->hc_A32, (J - 1) * hn * hn, S}, {(void **)&a->hc_beta32, (J - 1) * hn, S},
         {(void **)&a->ln, mhar ? N * C : J * N * C, X}, {(void **)&a->ln_rstd, J * N, S},
         {(void **)&a->qr, L * N * QD, X}, {(void **)&a->kr, L * N * KVD, X},
@@ -483,7 +479,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     // fit (bf16 with groups of 4: whenever L >= 3), else into a buffer of their own
     size_t fwdp = mhar ? (size_t)(m->fwd_kmax - 1) * N * (C + c->H) : 0;
     int fwdp_in_G = fwdp * sizeof(float) <= J * N * C * sizeof(floatX);
-    void *hc_dX = NULL, *hc_dh = NULL;
+    void *hc_dX = NULL;
     TensorSpec gs[NUM_GRAD_ACT_TENSORS] = {
         {(void **)&g->dslots, N * C, S}, {(void **)&g->dln, N * C, S},
         {(void **)&g->dout, N * C, X}, {(void **)&g->datty, N * QD, X},
@@ -493,7 +489,7 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->route_dsr, routed ? N * c->H * route_nrp((int)J) : 0, S}, {(void **)&g->route_part, route_parts * C, S},
         {(void **)&g->route_qpart, route_qparts * C, S},
         {(void **)&g->route_qv, pairs * C, S}, {(void **)&g->route_fwdp, fwdp_in_G ? 0 : fwdp, S},
-        {&hc_dX, N * hn * C, HcGrad::bytes}, {&hc_dh, hc ? N * C : 0, HcGrad::bytes},
+        {&hc_dX, N * hn * C, HcGrad::bytes},
         {(void **)&g->hc_partial, hc ? J * hc_partial_floats(N, c->n, c->C) : 0, S},
         {(void **)&g->att_D, N * c->NH, S}, {(void **)&g->partial, (size_t)RED_PARTS_MAX * C, S},
         {(void **)&g->site_part, c->mode == RES_STD ? J * RED_PARTS_MAX * C : 0, S},
@@ -501,7 +497,6 @@ void model_alloc_acts(Model *m, int B, int T) {
         {(void **)&g->delta_part, delta ? (size_t)RED_PARTS_MAX * (C + c->H + 1) : 0, S}};
     m->gacts_mem = alloc_tensors(gs, NUM_GRAD_ACT_TENSORS);
     g->hc_dX = HcGrad::of(hc_dX, N * hn * C);
-    g->hc_dh = HcGrad::of(hc_dh, hc ? N * C : 0);
     if (fwdp_in_G) { g->route_fwdp = (float *)g->route_G; }   // (256-byte aligned, as every tensor here)
 
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
@@ -663,8 +658,8 @@ void mlp_sublayer_weight_backward(Model *m, int l, const floatX *u, int B, int T
 #define SLOT(j) (a->slots + (size_t)(j) * N * C)
 // u_j: std, hc and delta keep every site's; mhar one buffer (Acts.ln)
 #define ULN(j) (a->ln + (m->cfg.mode != RES_MHAR ? (size_t)(j) * N * C : 0))
-// hc: the stored streams X_j (N, n, C) after sublayer j-1, j even, 2 <= j <= 2L-2 (hc_streams)
-#define HCX(j) (a->hcx + (size_t)((j) / 2 - 1) * N * m->cfg.n * C)
+// hc: the streams X_j (N, n, C) after sublayer j-1, j >= 1 (X_0: slot 0, standing for its n copies)
+#define HCX(j) (a->hcx + (size_t)((j) - 1) * N * m->cfg.n * C)
 #define SITE_SRC(j) (m->site_src + (size_t)(j) * num_slots(&m->cfg))
 #define SLOT_RD(k) (m->slot_rd + (size_t)(k) * (2 * m->cfg.L + 1))
 #define SLOT_RD_PAIR(k) (m->slot_rd_pair + (size_t)(k) * (2 * m->cfg.L + 1))
@@ -762,27 +757,13 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
     return u;
 }
 
-// hc: where the streams X_j come from (kernels/hc.cuh's HcStreams): X_0 is slot 0 (n equal
-// copies), an even X_j is stored (HCX), an odd X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1} is
-// recomputed from the stored X_{j-1} and o_{j-1} = slot j (the forward's bits)
-HcStreams hc_streams(Model *m, size_t j, size_t N) {
-    Acts *a = &m->acts;
-    size_t C = m->cfg.C, n = (size_t)m->cfg.n, je = j - j % 2;   // je: the stored (or embedding) streams
-    HcStreams S = {je == 0 ? SLOT(0) : HCX(je), je == 0, NULL, NULL, NULL};
-    if (j % 2) { S.o = SLOT(j); S.A = a->hc_A32 + (j - 1) * n * n; S.beta = a->hc_beta32 + (j - 1) * n; }
-    return S;
-}
-
 // hc (SPEC section 8): site j's backward, given g->dln = dL/du_j. One fused pass
 // (hc_norm_read_update_backward) over the streams for the CPU's rmsnorm_backward and
 // hc_read_backward of site j (X_j and h_j recomputed from X_{j-1} and o_{j-1}) and hc_update_backward
-// of sublayer j-1: dX_j = A_j^T dX_{j+1} + w_j dh_j gives g->dout = do_{j-1} (the dout of sublayer
-// j-1) and A_{j-1}^T dX_j, the next site's input, and the partials of the site's parameter sums go
-// into its slice of g->hc_partial (model_backward sums every site's at the end, into
-// hc_site_sums(j)). The streams' gradient (n C a position) is stored at every second site only:
-// an even site j >= 2 stores its dh_j (C) in g->hc_dh and leaves g->hc_dX = A_j^T dX_{j+1} as it
-// was (none at j = 2L); the odd site j-1 rebuilds its input A_{j-1}^T (g->hc_dX + w_j dh_j) and
-// writes A_{j-2}^T dX_{j-1} into g->hc_dX. Site 0: the norm's backward, hc_read_backward and
+// of sublayer j-1: g->hc_dX goes from A_j^T dX_{j+1} (none at j = 2L) to A_{j-1}^T dX_j in
+// place, g->dout = do_{j-1} (the dout of sublayer j-1), and the partials of the site's
+// parameter sums go into its slice of g->hc_partial (model_backward sums every site's at the
+// end, into hc_site_sums(j)). Site 0: the norm's backward, hc_read_backward and
 // hc_expand_backward into g->dslots (dslot 0, which encoder_backward reads).
 void hc_site_backward(Model *m, int j, size_t N, const floatX *w) {
     const Config *c = &m->cfg;
@@ -802,17 +783,9 @@ void hc_site_backward(Model *m, int j, size_t N, const floatX *w) {
     // u_j = rmsnorm(h_j; w), h_j = sum_r w_j[r] X_j,r (w_j = softmax(alpha_j));
     // X_j,r = sum_s A_{j-1}[r,s] X_{j-1},s + beta_{j-1}[r] o_{j-1} (o_{j-1} = slot j)
     size_t jp = (size_t)j - 1;
-    const HcStreams Xprev = hc_streams(m, jp, N);   // X_{j-1}: stored for odd j, recomputed for even j
-    const float *Aprev = a->hc_A32 + jp * n * n, *bprev = a->hc_beta32 + jp * n;
-    if (j % 2 == 0) {   // store dh_j; g->hc_dX (A_j^T dX_{j+1}) stays for site j-1
-        hc_norm_read_update_backward(HcGrad{}, g->hc_dh, g->dout, NULL, part, last ? HcGrad{} : g->hc_dX, HcGrad{},
-                                     NULL, NULL, g->dln, rstd, w, NULL, wj, Xprev, SLOT(j), Aprev, bprev, N, c->C,
-                                     c->n, 0);
-    } else {   // input A_j^T dX_{j+1}, dX_{j+1} = g->hc_dX (none at j + 1 = 2L) + w_{j+1} dh_{j+1}
-        hc_norm_read_update_backward(g->hc_dX, HcGrad{}, g->dout, NULL, part, (size_t)j + 1 == J2 ? HcGrad{} : g->hc_dX,
-                                     g->hc_dh, a->hc_A32 + (size_t)j * n * n, a->hc_w + (size_t)(j + 1) * n, g->dln,
-                                     rstd, w, NULL, wj, Xprev, SLOT(j), Aprev, bprev, N, c->C, c->n, 0);
-    }
+    hc_norm_read_update_backward(g->hc_dX, g->dout, NULL, part, last ? HcGrad{} : g->hc_dX, g->dln, rstd, w, NULL, wj,
+                                 j == 1 ? SLOT(0) : HCX(j - 1), SLOT(j), a->hc_A32 + jp * n * n,
+                                 a->hc_beta32 + jp * n, N, c->C, c->n, 0, j == 1);
 }
 
 // Where site j's parameter sums go (hc_reduce_sites): the norm weight's gradient, dA_{j-1} and
@@ -970,12 +943,11 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
         if (hc) {   // hc_update_forward of sublayer j (o_j = slot j+1), hc_read_forward of site j+1 and its
                     // norm, fused: X_{j+1} = A_j X_j + beta_j o_j, h_{j+1} = sum_r w_{j+1}[r] X_{j+1},r,
                     // u_{j+1} = rmsnorm(h_{j+1}; w) with its rstd
-            // X_j from hc_streams (odd j: recomputed), X_{j+1} stored where j+1 is even and below 2L
             const size_t n = (size_t)c->n;
-            floatX *Xn = (j + 1) % 2 == 0 && j + 1 < 2 * L ? HCX(j + 1) : NULL;
-            hc_update_read_norm_forward(Xn, ULN(j + 1), a->ln_rstd + (j + 1) * N, hc_streams(m, j, N), SLOT(j + 1),
-                                        a->hc_A32 + j * n * n, a->hc_beta32 + j * n, a->hc_w + (j + 1) * n,
-                                        site_norm_w(m, (int)j + 1), N, c->C, c->n);
+            floatX *Xn = j + 1 < 2 * L ? HCX(j + 1) : NULL;   // X_2L is not stored: the backward recomputes it
+            hc_update_read_norm_forward(Xn, ULN(j + 1), a->ln_rstd + (j + 1) * N, j == 0 ? SLOT(0) : HCX(j),
+                                        SLOT(j + 1), a->hc_A32 + j * n * n, a->hc_beta32 + j * n,
+                                        a->hc_w + (j + 1) * n, site_norm_w(m, (int)j + 1), N, c->C, c->n, j == 0);
         } else if (delta) {   // x_{j+1} = x_j + out_j (its statistic into slot j+1's unused r row)
             residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
         } else if (!mhar) {   // x_{j+1} = x_j + out_j, and site j+1's u_{j+1} = rmsnorm(x_{j+1}) with it

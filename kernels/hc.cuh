@@ -40,21 +40,15 @@
 // backward reads dXp (4nC), du (4C), X_{j-1} (2nC), o_{j-1} (2C) and writes dXp (4nC) and
 // dout (2C): (10n + 8) C = 24 KiB (28 when it read X_j too: lab v3; pass 2's second reads of
 // X_{j-1} and o_{j-1} come from L1 or L2), or with dXp in 24 bits (3nC each way) (8n + 8) C =
-// 20 KiB. The trainer stores the streams after every second sublayer (HcStreams; the forward
-// that skips the store moves (2n + 4) C bytes, the next one, recomputing X_j from X_{j-1}, (4n +
-// 6) C: 17 KiB a pair against 20) and the stream gradient at every second site (the backward's
-// writer moves (5n + 13) C with the recompute, its reader (8n + 11) C: 38 KiB a pair against
-// 40). The parameter gradients are summed deterministically: positions are cut into fixed
+// 20 KiB. The parameter gradients are summed deterministically: positions are cut into fixed
 // parts (hc_rows_per_part), a block sums its part in a fixed order into a partial of n + n^2 +
 // n floats (dw, dA, dbeta) and one of C floats (dg, as std's norm backward). After the
 // backward's last site, one launch of hc_reduce_sites_kernel adds the partials of every column
 // of every site in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v3 (the forward), v12 (the backward with dXp in 24 bits, packed by byte
-// permutes; v9 with it in fp32), v13 (dXp at every second site) and v14 (the streams after every
-// second sublayer); v1 there: one thread per element, unfused; v2: the fused streams with the
-// norm outside, h stored; v3: X_j read, not recomputed; v5: a warp a position; v8: v5 with the
-// 24 bits; v10: v12 packed with shifts and masks.
+// Lab: dev/cuda/hc.cu v3 (the forward) and v10 (the backward with dXp in 24 bits; v9 with it in
+// fp32; v1 there: one thread per element, unfused; v2: the fused streams with the norm outside,
+// h stored; v3: X_j read, not recomputed; v5: a warp a position; v8: v5 with the 24 bits).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -96,62 +90,19 @@ __device__ __forceinline__ float hc_update_at(const float (&ar)[NS], float br, c
     return v;
 }
 
-// Where a kernel gets the streams X_j (N, n, C) floatX: read from X (xb = 1: X is (N, C), the n
-// equal streams of the embedding), or, with o != NULL, recomputed from the stored X = X_{j-1}
-// and the update of sublayer j-1: X_j = A X_{j-1} + beta o_{j-1}, rounded to floatX (hc_update_at,
-// the forward's bits). The trainer stores the streams after every second sublayer only.
-struct HcStreams { const floatX *X; int xb; const floatX *o; const float *A, *beta; };
-// the 8 channels at c0 of position p's NS streams X_j, into x; a, b: S's A and beta in registers
-template <int NS, bool TWO>
-__device__ __forceinline__ void hc_streams_load8(float (&x)[NS][8], const HcStreams &S, const float (&a)[NS][NS],
-                                                 const float (&b)[NS], size_t p, int C, int c0) {
-    float xs[NS][8];
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-        HcPackX v = *reinterpret_cast<const HcPackX *>(S.X + (S.xb ? p * C : (p * NS + s) * C) + c0);
-#pragma unroll
-        for (int k = 0; k < 8; k++) { xs[s][k] = toF(v.x[k]); }
-    }
-    if (!TWO) {
-#pragma unroll
-        for (int s = 0; s < NS; s++) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) { x[s][k] = xs[s][k]; }
-        }
-        return;
-    }
-    HcPackX v = *reinterpret_cast<const HcPackX *>(S.o + p * C + c0);
-#pragma unroll
-    for (int r = 0; r < NS; r++) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) { x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xs, toF(v.x[k]), k))); }
-    }
-}
-// S's A and beta into registers (TWO: S.o != NULL; else unused)
-template <int NS, bool TWO>
-__device__ __forceinline__ void hc_streams_coef(float (&a)[NS][NS], float (&b)[NS], const HcStreams &S) {
-#pragma unroll
-    for (int r = 0; r < NS; r++) {
-        b[r] = TWO ? S.beta[r] : 0.0f;
-#pragma unroll
-        for (int s = 0; s < NS; s++) { a[r][s] = TWO ? S.A[r * NS + s] : 0.0f; }
-    }
-}
-
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
 // Xn, in the order the backward recomputes it), then u = h s g (floatX) and rstd = s, s = 1 /
-// sqrt(mean(h^2) + 1e-6) as std's norm (rmsnorm.cuh). X: the streams X_j (HcStreams: stored, or
-// recomputed from X_{j-1} where TWO). o = NULL: no update, Xn = X is not written (the read and
-// its norm alone). Xn = NULL: not stored. Lane l: packs l + 32 q (q < NPK) of 8 channels. Two
-// blocks of 8 warps an SM (at most 128 registers) where that needs no spills (n npk <= 4).
-template <int NS, int NPK, bool TWO>
-__global__ void __launch_bounds__(32 * HC_WARPS, NS * NPK <= 4 ? 2 : 1)
-hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const HcStreams Xs, const floatX *o, const float *A,
-                           const float *beta, const float *w, const floatX *g, size_t N, int C) {
+// sqrt(mean(h^2) + 1e-6) as std's norm (rmsnorm.cuh). o = NULL: no update, Xn = X is not
+// written (the read and its norm alone). xb = 1: X is (N, C), the n equal streams X_0 =
+// wte[token] (never stored as n copies). Lane l: packs l + 32 q (q < NPK) of 8 channels.
+template <int NS, int NPK>
+__global__ void __launch_bounds__(32 * HC_WARPS)
+hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o, const float *A,
+                           const float *beta, const float *w, const floatX *g, size_t N, int C, int xb) {
     const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (p >= N) { return; }
-    float a[NS][NS], b[NS], wr[NS], a2[NS][NS], b2[NS];
+    float a[NS][NS], b[NS], wr[NS];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
         b[r] = o ? beta[r] : 0.0f;
@@ -159,7 +110,6 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const HcStreams X
 #pragma unroll
         for (int s = 0; s < NS; s++) { a[r][s] = o ? A[r * NS + s] : (r == s ? 1.0f : 0.0f); }
     }
-    hc_streams_coef<NS, TWO>(a2, b2, Xs);
     float hv[NPK][8], ss = 0.0f;
 #pragma unroll
     for (int q = 0; q < NPK; q++) {
@@ -168,7 +118,12 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const HcStreams X
         for (int k = 0; k < 8; k++) { hv[q][k] = 0.0f; }
         if (c0 >= C) { continue; }
         float x[NS][8], ov[8];
-        hc_streams_load8<NS, TWO>(x, Xs, a2, b2, p, C, c0);
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { x[s][k] = toF(v.x[k]); }
+        }
         if (o) {
             HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
@@ -274,15 +229,12 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
 // file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C), stored as G
 // (HcGradF32 or HcGrad24): in, A_j^T dX_{j+1} (NULL: zero, the final site); out, A_{j-1}^T dX_j
-// (in place; NULL: not written). The stream gradient can skip every second site: a writer site
-// stores dh_j (N, C) in dh_out instead of dXp_out and leaves dXp_in as it was; the reader site
-// below it is given that dXp_in (= A_{j+1}^T dX_{j+2}), dh_in (dh_{j+1}), Ain = A_j and
-// win = w_{j+1}, and rebuilds its input A_j^T (dXp_in + win dh_in) (Ain = NULL: dXp_in as it is).
-// h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from X_{j-1} (Xp: stored, or
-// with TWO recomputed from X_{j-2}; HcStreams) and o (the forward's bits); X is read only at
-// site 0 (Xp.X = NULL; xb = 1: X is (N, C), the n equal streams X_0). Xp.X = NULL: sublayer 0,
-// dx0 (N, C) fp32 += sum_r dX_0 (the embedding's gradient, the trainer's fp32 dslot 0 that
-// encoder_backward reads); dout, dXp_out not written.
+// (in place).
+// h_j = sum_r w[r] X_j,r is recomputed from X_j, itself recomputed from Xprev and o (the
+// forward's bits); X is read only at site 0 (Xprev = NULL; xb = 1: X is (N, C), the n equal
+// streams X_0). Xprev = NULL: sublayer 0, dx0 (N, C) fp32 += sum_r dX_0 (the embedding's
+// gradient, the trainer's fp32 dslot 0 that encoder_backward reads); dout, dXp_out not written.
+// xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
 // A pair of warps per position (warps 2i and 2i + 1 of the block), each holding half of its
 // channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
 // packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Half a row a lane
@@ -300,23 +252,23 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's running share of dg,
 // channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's words in distinct banks).
 // Blocks an SM: __launch_bounds__ asks for 5 (96 registers) where that needs no spills
-// (n npk <= 4, npk <= 2: n = 4 at C <= 512, the 100M shape; not with TWO), else 4 (128
-// registers) up to n npk = 8, else 2. The barrier id in a register makes ptxas reserve all 16 of a block's
+// (n npk <= 4, npk <= 2: n = 4 at C <= 512, the 100M shape), else 4 (128 registers) up to
+// n npk = 8, else 2. The barrier id in a register makes ptxas reserve all 16 of a block's
 // barriers, so the SM runs at most 4 blocks, 16 warps: with the ids as immediates (3
 // barriers, 5 blocks, 20 warps) this kernel was slower on the H200 (lab NOTES_hc.md, "v9").
 #define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
 // channels of half 0 of a row of C (the larger half: 8 ceil(C / 16), whole 16-byte packs)
 __host__ __device__ constexpr int hc_bwd_half0(int C) { return 8 * ((C / 8 + 1) / 2); }
-constexpr int hc_bwd_min_blocks(int ns, int npk, bool two) {
-    return ns * npk <= 4 && npk <= 2 && !two ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
+constexpr int hc_bwd_min_blocks(int ns, int npk) {
+    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
 }
-template <int NS, int NPK, typename G, bool TWO>
-__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK, TWO))
-hc_norm_read_update_backward_kernel(G dXp_out, G dh_out, floatX *dout, float *dx0, float *partial, float *gpart,
-                                    G dXp_in, G dh_in, const float *Ain, const float *win, const float *du,
-                                    const float *rstd, const floatX *g, const floatX *X, const float *w,
-                                    const HcStreams Xp, const floatX *o, const float *A, const float *beta, size_t N,
-                                    int C, int rows_per_part, int xb) {
+template <int NS, int NPK, typename G>
+__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
+hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
+                                    const float *du, const float *rstd, const floatX *g,
+                                    const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                    const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                    int xpb) {
     constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
     extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
     __shared__ float red[HC_BWD_WARPS][NP];
@@ -324,19 +276,13 @@ hc_norm_read_update_backward_kernel(G dXp_out, G dh_out, floatX *dout, float *dx
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
     const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
     float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
-    const floatX *Xprev = Xp.X;   // X_{j-1} (TWO: X_{j-2}, X_{j-1} recomputed)
-    float a[NS][NS], b[NS], wr[NS], acc[NP], ai[NS][NS], wi[NS], a2[NS][NS], b2[NS];
-    hc_streams_coef<NS, TWO>(a2, b2, Xp);
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
         b[r] = Xprev ? beta[r] : 1.0f;
         wr[r] = w[r];
-        wi[r] = Ain ? win[r] : 0.0f;
 #pragma unroll
-        for (int s = 0; s < NS; s++) {
-            a[r][s] = Xprev ? A[r * NS + s] : 0.0f;
-            ai[r][s] = Ain ? Ain[r * NS + s] : 0.0f;
-        }
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
     }
 #pragma unroll
     for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
@@ -359,7 +305,12 @@ hc_norm_read_update_backward_kernel(G dXp_out, G dh_out, floatX *dout, float *dx
             float x[NS][8];
             if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
                 float xp[NS][8], ov[8];
-                hc_streams_load8<NS, TWO>(xp, Xp, a2, b2, p, C, c0);
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
                 HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
                 for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
@@ -407,40 +358,14 @@ hc_norm_read_update_backward_kernel(G dXp_out, G dh_out, floatX *dout, float *dx
         for (int q = 0; q < NPK; q++) {
             const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
             if (lc >= Ch) { continue; }
-            float d[NS][8], dh[8];
+            float d[NS][8];
 #pragma unroll
-            for (int k = 0; k < 8; k++) { dh[k] = s * dug[q][k] - k3 * h[q][k]; }   // dh = s du g - k3 h
-            if (Ain) {   // dXp = Ain^T dX_{j+1}, dX_{j+1} = dXp_in + win dh_in (the writer site's dX, rebuilt)
-                float dhi[8], dv[NS][8];
-                hc_grad_load8(dhi, dh_in, p * C + c0);
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
 #pragma unroll
-                for (int r = 0; r < NS; r++) {
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { dv[r][k] = 0.0f; }
-                    if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv[r], dXp_in, (p * NS + r) * C + c0); }
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { dv[r][k] += wi[r] * dhi[k]; }
-                }
-#pragma unroll
-                for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        float v = 0.0f;
-#pragma unroll
-                        for (int t = 0; t < NS; t++) { v += ai[t][r] * dv[t][k]; }
-                        d[r][k] = v + wr[r] * dh[k];
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh
-                    float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                    if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
-#pragma unroll
-                    for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * dh[k]; }
-                }
+                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
             }
-            if (!hc_grad_null(dh_out)) { hc_grad_store8(dh_out, p * C + c0, dh); }   // the writer site: dh, not dXp
             if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
                 HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
 #pragma unroll
@@ -464,25 +389,15 @@ hc_norm_read_update_backward_kernel(G dXp_out, G dh_out, floatX *dout, float *dx
                 op.x[k] = fromF<floatX>(t);
             }
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
-            float xp[NS][8];   // X_{j-1} again
-            hc_streams_load8<NS, TWO>(xp, Xp, a2, b2, p, C, c0);
 #pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) {   // dA[r,s] += dX_r . Xprev_s
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-#pragma unroll
-                    for (int r = 0; r < NS; r++) { acc[NS + r * NS + s2] += d[r][k] * xp[s2][k]; }
-                }
-            }
-            if (hc_grad_null(dXp_out)) { continue; }
-#pragma unroll
-            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
                 float out[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
-                    float v = 0.0f;
+                    float xs = toF(xv.x[k]), v = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; }
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
                     out[k] = v;
                 }
                 hc_grad_store8(dXp_out, (p * NS + s2) * C + c0, out);
@@ -618,26 +533,16 @@ template <typename F> static void hc_pack_dispatch(int C, int cw, const floatX *
 // w[r] X_r; Xn unused). Xn = NULL with o: the streams are not written (X_{2L}, which no
 // backward reads). xb = 1: X is the embedding (N, C), standing for the n equal streams
 // X_0 (j = 0).
-static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, HcStreams X, const floatX *o,
-                                        const float *A, const float *beta, const float *w, const floatX *g, size_t N,
-                                        int C, int n, cudaStream_t st = 0) {
-    hc_dispatch(n, [&](auto ns) {
-        hc_pack_dispatch(C, C, g, [&](auto npk) {
-            auto launch = [&](auto kernel) {
-                kernel<<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C);
-            };
-            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
-            if (X.o) { launch(hc_update_read_norm_kernel<NS_, NPK_, true>); }
-            else { launch(hc_update_read_norm_kernel<NS_, NPK_, false>); }
-        });
-    });
-    launchCheck();
-}
-// the same with X_j stored (X; xb = 1: the embedding)
 static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
                                         const float *A, const float *beta, const float *w, const floatX *g, size_t N,
                                         int C, int n, int xb = 0, cudaStream_t st = 0) {
-    hc_update_read_norm_forward(Xn, u, rstd, HcStreams{X, xb, NULL, NULL, NULL}, o, A, beta, w, g, N, C, n, st);
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
+            hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value>
+                <<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+        });
+    });
+    launchCheck();
 }
 
 // floats of partial space hc_norm_read_update_backward needs for N positions, n streams, width C:
@@ -652,50 +557,33 @@ static size_t hc_partial_floats(size_t N, int n, int C) {
 // (hc_partial_floats(N, n, C) floats), for hc_reduce_sites: one launch for all the sites of a
 // backward, after the last, instead of one per site.
 // dXp, stored as G (HcGradF32 or HcGrad24): in A_j^T dX_{j+1} (dXp_in NULL: zero), out A_{j-1}^T
-// dX_j (dXp_out may equal dXp_in). A writer site (dh_out, dXp_out NULL) stores dh_j instead; the
-// reader below it rebuilds its input from dXp_in, dh_in, Ain = A_j and win = w_{j+1} (the
-// kernel's comment).
-// X: read only at site 0 (Xprev.X = NULL): the streams X_0 (xb = 1: the embedding (N, C));
-// elsewhere X_j is recomputed from X_{j-1} (Xprev: stored, or recomputed from X_{j-2}; its xb =
-// 1: the embedding standing for X_0) and o, and X may be NULL.
-// Xprev.X = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (its
+// dX_j (dXp_out may equal dXp_in).
+// X: read only at site 0 (Xprev = NULL): the streams X_0 (xb = 1: the embedding (N, C));
+// elsewhere X_j is recomputed from Xprev and o, and X may be NULL.
+// Xprev = NULL: sublayer 0; dx0 (N, C) fp32 += the embedding's gradient sum_r dX_0 (its
 // streams are equal, so dalpha_0 is 0: reduce its sums with dw = dalpha = NULL; dout and
-// dXp_out unused). Otherwise dx0 is unused (NULL).
+// dXp_out unused). Otherwise dx0 is unused (NULL). xpb = 1: Xprev is the embedding (N, C)
+// standing for X_0 (j = 1).
 template <typename G>
-static void hc_norm_read_update_backward(G dXp_out, G dh_out, floatX *dout, float *dx0, float *partial, G dXp_in,
-                                         G dh_in, const float *Ain, const float *win, const float *du,
+static void hc_norm_read_update_backward(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in, const float *du,
                                          const float *rstd, const floatX *g, const floatX *X, const float *w,
-                                         HcStreams Xprev, const floatX *o, const float *A, const float *beta,
-                                         size_t N, int C, int n, int xb, cudaStream_t st = 0) {
+                                         const floatX *Xprev, const floatX *o, const float *A, const float *beta,
+                                         size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
     const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
     float *gpart = partial + (size_t)P * NP;
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {   // NPK: the packs of half 0
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
             const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
-            auto launch = [&](auto kernel) {
-                if (smem > 48 * 1024) {
-                    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                }
-                kernel<<<P, 32 * HC_BWD_WARPS, smem, st>>>(dXp_out, dh_out, dout, dx0, partial, gpart, dXp_in, dh_in,
-                                                           Ain, win, du, rstd, g, X, w, Xprev, o, A, beta, N, C, rows,
-                                                           xb);
-            };
-            if (Xprev.o) { launch(hc_norm_read_update_backward_kernel<NS_, NPK_, G, true>); }
-            else { launch(hc_norm_read_update_backward_kernel<NS_, NPK_, G, false>); }
+            auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_, G>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_BWD_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                       Xprev, o, A, beta, N, C, rows, xb, xpb);
         });
     });
     launchCheck();
-}
-// the same for a plain site with X_{j-1} stored (Xprev; xpb = 1: the embedding): dXp_in as it is,
-// dXp_out written
-template <typename G>
-static void hc_norm_read_update_backward(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in, const float *du,
-                                         const float *rstd, const floatX *g, const floatX *X, const float *w,
-                                         const floatX *Xprev, const floatX *o, const float *A, const float *beta,
-                                         size_t N, int C, int n, int xb, int xpb, cudaStream_t st = 0) {
-    hc_norm_read_update_backward(dXp_out, G{}, dout, dx0, partial, dXp_in, G{}, NULL, NULL, du, rstd, g, X, w,
-                                 HcStreams{Xprev, xpb, NULL, NULL, NULL}, o, A, beta, N, C, n, xb, st);
 }
 
 // The parameter sums of S sites from their partials (hc_norm_read_update_backward's, site s at

@@ -110,12 +110,6 @@ Versions:
       permutes (HcGrad24: 1.5 instructions a value to load, about 6 to round and store; v10's
       shifts and masks took about 5 and 11). The same format and arithmetic: --check requires
       v10's bits, dXp_out included.
-  v13 kernels/hc.cuh's backward with the stream gradient stored at every second site: the
-      writer site j stores dh_j (C values a position) instead of dXp_{j-1} = A_{j-1}^T dX_j (n C);
-      the reader site j-1 rebuilds dX_j = dXp_j + w_j dh_j from the writer's input dXp_j (still
-      in the buffer) and dh_j (24 bits a value, as dXp). A pair of sites moves (13n + 22) C bytes
-      a position instead of v12's (16n + 16) C: 37 KiB against 40 at n = 4, C = 512. --check
-      and --bench run it as a pair of sites beside v12's pair.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -1403,7 +1397,6 @@ static void host_update(float *Xn, const float *X, const float *o, const float *
 struct Inputs {
     std::vector<float> X, Xprev, o, dXp, dh, A, beta, w, Aprev, bprev, g, rstd;
 };
-static void finish_inputs(const Shape &s, Inputs &in);
 static Inputs make_inputs(const Shape &s, uint64_t seed) {
     host_rng = seed;
     Inputs in;
@@ -1429,23 +1422,18 @@ static Inputs make_inputs(const Shape &s, uint64_t seed) {
         ws += in.w[r];
     }
     for (int r = 0; r < n; r++) { in.w[r] = (float)(in.w[r] / ws); }
+    // X_j as the forward made it from X_{j-1} and o_{j-1} (v5's backward recomputes it; the
+    // earlier versions read it)
+    host_update(in.X.data(), in.Xprev.data(), in.o.data(), in.Aprev.data(), in.bprev.data(), s.N, s.C, n, false);
     in.g.resize(s.C);
     for (auto &v : in.g) { v = bf(1 + 0.1 * host_normal()); }
-    finish_inputs(s, in);
-    return in;
-}
-// X_j as the forward made it from X_{j-1} and o_{j-1} (v5's backward recomputes it; the earlier
-// versions read it), and the rstd of its read
-static void finish_inputs(const Shape &s, Inputs &in) {
-    size_t NC = s.N * s.C;
-    int n = s.n;
-    host_update(in.X.data(), in.Xprev.data(), in.o.data(), in.Aprev.data(), in.bprev.data(), s.N, s.C, n, false);
     std::vector<double> h(NC), u(NC), rs(s.N);
     std::vector<double> X = std::vector<double>(in.X.begin(), in.X.end()), w(in.w.begin(), in.w.end()),
                         g(in.g.begin(), in.g.end());
     ref_read(X.data(), w.data(), s.N, s.C, n, h.data());
     ref_norm(h.data(), g.data(), s.N, s.C, u.data(), rs.data());
     in.rstd.assign(rs.begin(), rs.end());
+    return in;
 }
 static std::vector<double> D(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
 
@@ -1988,309 +1976,6 @@ static bool check_reduce_sites(uint64_t seed) {
     return same;
 }
 
-// v13 (kernels/hc.cuh): the stream gradient stored at every second site. A pair of sites, j (the
-// writer: stores dh_j (N, C) instead of dXp_{j-1} = A_{j-1}^T dX_j) and j-1 (the reader: rebuilds
-// dX_j = dXp_j + w_j dh_j from the writer's input dXp_j, still in the buffer, and dh_j). One site
-// of the pair (in, d) as the kernel's launcher: G in and out in 24 bits (dXp_out == dXp_in), the
-// sums of the site reduced after it. wr: store dh into dh24 (writer); Ain, win: the reader's
-// A_{j-1} and w_j (NULL: a plain site, v12).
-static void site_v13(const Shape &s, Dev &d, HcGrad24 G, HcGrad24 dh24, bool wr, const float *Ain, const float *win,
-                     bool first) {
-    hc_norm_read_update_backward(wr ? HcGrad24{} : G, wr ? dh24 : HcGrad24{}, d.dout, NULL, d.partial,
-                                 first ? HcGrad24{} : G, Ain ? dh24 : HcGrad24{}, Ain, win, d.dh, d.rstd_in, d.g, NULL,
-                                 d.w, HcStreams{d.Xprev, 0, NULL, NULL, NULL}, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0);
-    const HcSums sums = {d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.w};
-    hc_reduce_sites([&](int) { return sums; }, d.partial, 0, 1, s.N, s.n, s.C);
-}
-// the 7 outputs of a site: dXp (decoded from 24 bits into d.dXp), dout, dw, dA, dbeta, dg, dalpha
-static void site_outputs(const Shape &s, Dev &d, HcGrad24 G, std::vector<unsigned char> (&out)[7]) {
-    size_t NS = s.N * s.n * s.C;
-    hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(d.dXp, G.hi, G.lo, NS);
-    launchCheck();
-    out[0] = fetch_bytes(d.dXp, NS * 4); out[1] = fetch_bytes(d.dout, s.N * s.C * 2);
-    out[2] = fetch_bytes(d.dw, s.n * 4); out[3] = fetch_bytes(d.dA, s.n * s.n * 4);
-    out[4] = fetch_bytes(d.dbeta, s.n * 4); out[5] = fetch_bytes(d.dg, s.C * 4);
-    out[6] = fetch_bytes(d.dalpha, s.n * 4);
-}
-static void zero_sums(const Shape &s, Dev &d) {
-    zero(d.dw, s.n * 4); zero(d.dA, s.n * s.n * 4); zero(d.dbeta, s.n * 4); zero(d.dg, s.C * 4);
-    zero(d.dalpha, s.n * 4);
-}
-// --check of v13: at each shape, sites j (inputs seed) and j-1 (inputs seed + 1000) as v12 (two
-// plain sites, dXp rounded to 24 bits between them) and as v13 (writer, reader), twice. The
-// writer's outputs must be v12's site j's bits, and its dh the fp64 reference's (1e-5 + 2^-17 of
-// the value: its 24-bit rounding). Each site j-1 is held to the fp64 reference of that site on
-// the input it was given (check_op's tolerances): v12's on site j's 24-bit dXp_{j-1}, v13's
-// reader on A_{j-1}^T (dXp_j + w_j dh_j) in fp64 from the 24-bit dXp_j and dh_j it read.
-static bool check_pair_v13(uint64_t seed) {
-    bool ok = true;
-    int ns = quick ? 2 : (int)(sizeof(check_shapes) / sizeof(check_shapes[0]));
-    std::vector<std::pair<int, int>> cases;   // (shape, top); top: the final pair (site 2L, the writer, has no dXp_j)
-    for (int si = 0; si < ns; si++) {
-        cases.push_back({si, 0});
-        if (si == 2) { cases.push_back({si, 1}); }   // at N=300, C=512, n=4
-    }
-    for (auto [si, top] : cases) {
-        const Shape &s = check_shapes[si];
-        Inputs in1 = make_inputs(s, seed + si), in2 = make_inputs(s, seed + si + 1000);
-        for (float &v : in1.dXp) { v = top ? 0.0f : round24(v); }   // the buffer's 24 bits, for the reference too
-        size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-        printf("bwd v13 %spair N=%zu C=%d n=%d:", top ? "final " : "", s.N, s.C, s.n);
-        // dh_j of site j in fp64
-        std::vector<double> h1(NC), dh1(NC), dgs(s.C, 0.0);
-        ref_read(D(in1.X).data(), D(in1.w).data(), s.N, s.C, s.n, h1.data());
-        ref_norm_backward(D(in1.dh).data(), h1.data(), D(in1.rstd).data(), D(in1.g).data(), s.N, s.C, dh1.data(),
-                          dgs.data());
-        // site j-1's outputs against its fp64 reference on the input dXin
-        auto check_reader = [&](const char *tag, std::vector<unsigned char> (&out)[7],
-                                const std::vector<double> &dXin) {
-            std::vector<double> dX2(NS), dout2(NC), dw2(s.n, 0.0), dA2(s.n * s.n, 0.0), db2(s.n, 0.0), dg2(s.C, 0.0);
-            ref_backward3(in2, dXin, D(in2.X), D(in2.Xprev), s, dX2.data(), dout2.data(), dw2.data(), dA2.data(),
-                          db2.data(), dg2.data());
-            printf(" %s", tag);
-            bool k = compare("dXp", bytes_f32(out[0]), dX2, 1e-5 + 1.0 / 131072, 1e-6);
-            k &= compare("dout", bytes_bf16_to_f(out[1]), dout2, 1.0 / 256, 1e-6);
-            double gamma;
-            std::vector<double> S = ref_dw_scale3(in2, s, &gamma);
-            k &= compare_scaled("dw", bytes_f32(out[2]), dw2, 1e-4, 1e-5, S, gamma);
-            k &= compare("dA", bytes_f32(out[3]), dA2, 1e-4, 1e-5);
-            k &= compare("dbeta", bytes_f32(out[4]), db2, 1e-4, 1e-5);
-            k &= compare("dg", bytes_f32(out[5]), dg2, 1e-4, 1e-4);
-            k &= compare("dalpha", bytes_f32(out[6]), ref_softmax_backward(dw2, in2.w), 1e-4, 1e-4);
-            return k;
-        };
-        std::vector<unsigned char> first[8];
-        for (int rep = 0; rep < 2; rep++) {
-            Dev d1 = dev_make(s, in1), d2 = dev_make(s, in2);
-            uint16_t *dhh = dalloc<uint16_t>(NC);
-            uint8_t *dhl = dalloc<uint8_t>(NC);
-            const HcGrad24 G1 = {d1.dxh, d1.dxl}, G2 = {d2.dxh, d2.dxl}, dh24 = {dhh, dhl};
-            std::vector<unsigned char> a1[7], a2[7], b1[7], b2[7];
-            // v12: site j (plain) into G1, site j-1 (plain) from G1 copied into G2
-            hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d1.dxh, d1.dxl, d1.dXp, NS);
-            launchCheck();
-            zero_sums(s, d1); zero_sums(s, d2);
-            site_v13(s, d1, G1, dh24, false, NULL, NULL, top);
-            cudaCheck(cudaMemcpy(d2.dxh, d1.dxh, NS * 2, cudaMemcpyDeviceToDevice));
-            cudaCheck(cudaMemcpy(d2.dxl, d1.dxl, NS, cudaMemcpyDeviceToDevice));
-            site_v13(s, d2, G2, dh24, false, NULL, NULL, false);
-            site_outputs(s, d1, G1, a1); site_outputs(s, d2, G2, a2);
-            // v13: writer j (dXp_j in G1 stays), reader j-1 from G1 and dh_j, in place in G1
-            // d1.dXp: in1.dXp again (site_outputs wrote over it)
-            cudaCheck(cudaMemcpy(d1.dXp, in1.dXp.data(), NS * 4, cudaMemcpyHostToDevice));
-            hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d1.dxh, d1.dxl, d1.dXp, NS);
-            launchCheck();
-            zero_sums(s, d1); zero_sums(s, d2);
-            site_v13(s, d1, G1, dh24, true, NULL, NULL, top);
-            std::vector<unsigned char> dhb(NC * 4);
-            {
-                float *t = dalloc<float>(NC);
-                hc24_decode_kernel<<<ceil_div(NC, 256), 256>>>(t, dhh, dhl, NC);
-                launchCheck();
-                dhb = fetch_bytes(t, NC * 4);
-                cudaCheck(cudaFree(t));
-            }
-            site_v13(s, d2, G1, dh24, false, d1.Aprev, d1.w, top);
-            site_outputs(s, d1, G1, b1);   // the writer's sums (out[0]: G1, now the reader's dXp_{j-2})
-            site_outputs(s, d2, G1, b2);
-            if (rep == 0) {
-                bool wsame = true;
-                for (int k = 1; k < 7; k++) { wsame &= b1[k] == a1[k]; }
-                printf("  writer: v12's site j bits %s", wsame ? "identical" : "DIFFERENT (FAIL)");
-                ok &= wsame;
-                const std::vector<float> dhv = bytes_f32(dhb);
-                ok &= compare("dh", dhv, dh1, 1e-5 + 1.0 / 131072, 1e-6);
-                std::vector<double> din(NS, 0.0);   // the reader's input: A_{j-1}^T (dXp_j + w_j dh_j)
-                for (size_t p = 0; p < s.N; p++) {
-                    for (int r = 0; r < s.n; r++) {
-                        for (int c = 0; c < s.C; c++) {
-                            const double x = (double)in1.dXp[(p * s.n + r) * s.C + c] +
-                                             (double)in1.w[r] * dhv[p * s.C + c];
-                            for (int t = 0; t < s.n; t++) {
-                                din[(p * s.n + t) * s.C + c] += (double)in1.Aprev[r * s.n + t] * x;
-                            }
-                        }
-                    }
-                }
-                printf("\n   ");
-                ok &= check_reader("reader:", b2, din);
-                printf("\n   ");
-                ok &= check_reader("v12's site j-1:", a2, D(bytes_f32(a1[0])));
-            }
-            for (int k = 0; k < 7; k++) { b1[k].insert(b1[k].end(), b2[k].begin(), b2[k].end()); }
-            std::vector<unsigned char> all[8];
-            for (int k = 0; k < 7; k++) { all[k] = b1[k]; }
-            all[7] = dhb;
-            dev_free(d1); dev_free(d2);
-            cudaCheck(cudaFree(dhh)); cudaCheck(cudaFree(dhl));
-            if (repeat_done(rep, all, first, ok)) { break; }
-        }
-    }
-    return ok;
-}
-// the benches' buffers at the 100m shape: the inputs, dXp in 24 bits (G), a 24-bit dh (dh24)
-struct Bench24 {
-    Dev d;
-    HcGrad24 G, dh24;
-};
-static Bench24 bench24_make(uint64_t seed) {
-    const Shape &s = bench_shape;
-    Bench24 b;
-    b.d = dev_make(s, make_inputs(s, seed));
-    size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-    hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(b.d.dxh, b.d.dxl, b.d.dXp, NS);
-    launchCheck();
-    b.G = {b.d.dxh, b.d.dxl};
-    b.dh24 = {dalloc<uint16_t>(NC), dalloc<uint8_t>(NC)};
-    return b;
-}
-static void bench24_free(Bench24 &b) {
-    dev_free(b.d);
-    cudaCheck(cudaFree(b.dh24.hi)); cudaCheck(cudaFree(b.dh24.lo));
-}
-// v13's bench: a pair of sites at the 100m shape as v12 (two plain sites) and as v13 (writer,
-// reader), alternating; the same buffers, dXp in place
-static void bench_pair_v13(int reps, uint64_t seed) {
-    const Shape &s = bench_shape;
-    Bench24 b = bench24_make(seed);
-    Dev &d = b.d;
-    const HcGrad24 G = b.G, dh24 = b.dh24;
-    for (int round = 0; round < 2; round++) {
-        float mn12, mn13;
-        float t12 = time_median(reps, [&]() {
-            site_v13(s, d, G, dh24, false, NULL, NULL, false);
-            site_v13(s, d, G, dh24, false, NULL, NULL, false);
-        }, &mn12);
-        float t13 = time_median(reps, [&]() {
-            site_v13(s, d, G, dh24, true, NULL, NULL, false);
-            site_v13(s, d, G, dh24, false, d.Aprev, d.w, false);
-        }, &mn13);
-        printf("bwd pair N=%zu C=%d n=%d: v12 %.3f ms (min %.3f), v13 %.3f ms (min %.3f) a pair of sites (sums "
-               "included); v13/v12 %.3f\n", s.N, s.C, s.n, t12, mn12, t13, mn13, t13 / t12);
-    }
-    bench24_free(b);
-}
-
-// v14 (kernels/hc.cuh): the streams stored after every second sublayer. A kernel whose X_j (the
-// forward) or X_{j-1} (the backward) is not stored recomputes it from the stored streams before
-// (X2: X_{j-1}, or the embedding with xb) and that sublayer's o2, A2, beta2 (HcStreams, TWO).
-// --check: at each shape (and with the embedding as X2 at N=300, C=512, n=4) the recomputing
-// kernels must give the bits of the same kernels reading the streams that the host computed
-// the same way (host_update: the forward's order and rounding), which --check of v3 and v13
-// hold to the fp64 reference: the forward's Xn, u, rstd; the backward's outputs as a plain site
-// (dXp in and out) and as a writer site (dh out), which is where the trainer recomputes.
-static bool check_two_v14(uint64_t seed) {
-    bool ok = true;
-    int ns = quick ? 2 : (int)(sizeof(check_shapes) / sizeof(check_shapes[0]));
-    std::vector<std::pair<int, int>> cases;   // (shape, xb)
-    for (int si = 0; si < ns; si++) {
-        cases.push_back({si, 0});
-        if (si == 2) { cases.push_back({si, 1}); }
-    }
-    for (auto [si, xb] : cases) {
-        const Shape &s = check_shapes[si];
-        size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
-        int n = s.n;
-        Inputs in = make_inputs(s, seed + si);
-        // the sublayer before: X2 (bf16; (N, C) with xb), o2, A2, beta2; then Xprev = its update
-        std::vector<float> X2(xb ? NC : NS), o2(NC), A2(n * n), b2(n);
-        for (auto &v : X2) { v = bf2f(f2bf((float)host_normal())); }
-        for (auto &v : o2) { v = bf2f(f2bf((float)(0.5 * host_normal()))); }
-        for (int i = 0; i < n * n; i++) { A2[i] = (float)((i / n == i % n) + 0.3 * host_normal()); }
-        for (int r = 0; r < n; r++) { b2[r] = (float)((r == 0) + 0.3 * host_normal()); }
-        host_update(in.Xprev.data(), X2.data(), o2.data(), A2.data(), b2.data(), s.N, s.C, n, xb);
-        finish_inputs(s, in);
-        for (float &v : in.dXp) { v = round24(v); }
-        printf("v14 N=%zu C=%d n=%d%s:", s.N, s.C, n, xb ? " (X2: the embedding)" : "");
-        Dev d = dev_make(s, in);
-        floatX *dX2 = upload<floatX>(X2), *do2 = upload<floatX>(o2);
-        float *dA2 = upload<float>(A2), *db2 = upload<float>(b2);
-        const HcStreams two = {dX2, xb, do2, dA2, db2};
-        // forward: X_{j+1}, u, rstd from X_j = d.Xprev (stored) and from X2 (recomputed)
-        std::vector<unsigned char> f[2][3];
-        for (int k = 0; k < 2; k++) {
-            const HcStreams Xs = k ? two : HcStreams{d.Xprev, 0, NULL, NULL, NULL};
-            zero(d.Xn, NS * 2); zero(d.u, NC * 2);
-            hc_update_read_norm_forward(d.Xn, d.u, d.rstd, Xs, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, n);
-            f[k][0] = fetch_bytes(d.Xn, NS * 2); f[k][1] = fetch_bytes(d.u, NC * 2);
-            f[k][2] = fetch_bytes(d.rstd, s.N * 4);
-        }
-        bool same = f[0][0] == f[1][0] && f[0][1] == f[1][1] && f[0][2] == f[1][2];
-        printf("  fwd %s", same ? "identical" : "DIFFERENT (FAIL)");
-        ok &= same;
-        // backward: plain (dXp in and out) and writer (dh out) sites, X_{j-1} stored and recomputed
-        uint16_t *dhh = dalloc<uint16_t>(NC);
-        uint8_t *dhl = dalloc<uint8_t>(NC);
-        const HcGrad24 G = {d.dxh, d.dxl}, dh24 = {dhh, dhl};
-        for (int wr = 0; wr < 2; wr++) {
-            std::vector<unsigned char> b[2][8];
-            for (int k = 0; k < 2; k++) {
-                const HcStreams Xp = k ? two : HcStreams{d.Xprev, 0, NULL, NULL, NULL};
-                hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, d.dXp, NS);
-                launchCheck();
-                zero(dhh, NC * 2); zero(dhl, NC);
-                zero_sums(s, d);
-                hc_norm_read_update_backward(wr ? HcGrad24{} : G, wr ? dh24 : HcGrad24{}, d.dout, NULL, d.partial, G,
-                                             HcGrad24{}, NULL, NULL, d.dh, d.rstd_in, d.g, NULL, d.w, Xp, d.o, d.Aprev,
-                                             d.bprev, s.N, s.C, n, 0);
-                const HcSums sums = {d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.w};
-                hc_reduce_sites([&](int) { return sums; }, d.partial, 0, 1, s.N, n, s.C);
-                b[k][0] = fetch_bytes(d.dxh, NS * 2); b[k][1] = fetch_bytes(d.dxl, NS);
-                b[k][2] = fetch_bytes(d.dout, NC * 2); b[k][3] = fetch_bytes(d.dw, n * 4);
-                b[k][4] = fetch_bytes(d.dA, n * n * 4); b[k][5] = fetch_bytes(d.dbeta, n * 4);
-                b[k][6] = fetch_bytes(d.dg, s.C * 4);
-                b[k][7] = fetch_bytes(dhh, NC * 2);
-                const std::vector<unsigned char> lo = fetch_bytes(dhl, NC);
-                b[k][7].insert(b[k][7].end(), lo.begin(), lo.end());
-            }
-            bool sb = true;
-            for (int i = 0; i < 8; i++) { sb &= b[0][i] == b[1][i]; }
-            printf("  bwd %s %s", wr ? "writer" : "plain", sb ? "identical" : "DIFFERENT (FAIL)");
-            ok &= sb;
-        }
-        printf("\n");
-        dev_free(d);
-        void *ps[] = {dX2, do2, dA2, db2, dhh, dhl};
-        for (void *p : ps) { cudaCheck(cudaFree(p)); }
-    }
-    return ok;
-}
-// v14's bench at the 100m shape: the forward storing X_{j+1} from stored X_j (v3, 10 KiB a
-// position), not storing it (6 KiB), and storing it from X_j recomputed (11 KiB); the backward
-// (a writer site, v13) with X_{j-1} stored and recomputed
-static void bench_two_v14(int reps, uint64_t seed) {
-    const Shape &s = bench_shape;
-    Bench24 b = bench24_make(seed);
-    Dev &d = b.d;
-    const HcGrad24 G = b.G, dh24 = b.dh24;
-    const HcStreams one = {d.Xprev, 0, NULL, NULL, NULL}, two = {d.X, 0, d.o, d.Aprev, d.bprev};
-    for (int round = 0; round < 2; round++) {
-        float mn[5], t[5];
-        t[0] = time_median(reps, [&]() {
-            hc_update_read_norm_forward(d.Xn, d.u, d.rstd, one, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
-        }, &mn[0]);
-        t[1] = time_median(reps, [&]() {
-            hc_update_read_norm_forward(NULL, d.u, d.rstd, one, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
-        }, &mn[1]);
-        t[2] = time_median(reps, [&]() {
-            hc_update_read_norm_forward(d.Xn, d.u, d.rstd, two, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
-        }, &mn[2]);
-        for (int k = 0; k < 2; k++) {
-            t[3 + k] = time_median(reps, [&]() {
-                hc_norm_read_update_backward(HcGrad24{}, dh24, d.dout, NULL, d.partial, G, HcGrad24{}, NULL, NULL,
-                                             d.dh, d.rstd_in, d.g, NULL, d.w, k ? two : one, d.o, d.Aprev, d.bprev,
-                                             s.N, s.C, s.n, 0);
-            }, &mn[3 + k]);
-        }
-        printf("v14 N=%zu C=%d n=%d: fwd storing X' %.3f ms (min %.3f), not storing %.3f (%.3f), X recomputed and "
-               "X' stored %.3f (%.3f); a pair of forwards %.3f against v3's %.3f (%.3fx)\n", s.N, s.C, s.n, t[0], mn[0],
-               t[1], mn[1], t[2], mn[2], t[1] + t[2], 2 * t[0], (t[1] + t[2]) / (2 * t[0]));
-        printf("    bwd writer site, X_{j-1} stored %.3f ms (min %.3f), recomputed %.3f (%.3f): %.3fx\n", t[3], mn[3],
-               t[4], mn[4], t[4] / t[3]);
-    }
-    bench24_free(b);
-}
-
 // the op's minimum bytes (top of file); v3 and v5 add the rstd row (4 B a position) each way
 static double fwd_bytes(const Shape &s, int ver) { return ((4.0 * s.n + 4) * s.C + (ver >= 3 ? 4 : 0)) * s.N; }
 static double bwd_bytes(const Shape &s, int ver) {   // v5 and later do not read X_j: (10n + 8) C; v8: (8n + 8) C
@@ -2674,9 +2359,8 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver == 11 || ver > 14 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|13|14] [--check] [--bench]"
-                        " [--seed S]"
+    if (ver < 0 || ver == 4 || ver == 11 || ver > 12 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12] [--check] [--bench] [--seed S]"
                         " [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014)\n");
         return 1;
@@ -2685,15 +2369,13 @@ int main(int argc, char **argv) {
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 13, 14}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v : vers) {
             if (op_fwd && v < 5) { ok &= check_op(true, v, seed); }
-            if (v == 14) { ok &= check_two_v14(seed); }   // both ops
-            else if (op_bwd && v == 13) { ok &= check_pair_v13(seed); }   // a pair of sites
-            else if (op_bwd) { ok &= check_op(false, v, seed); }
+            if (op_bwd) { ok &= check_op(false, v, seed); }
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
@@ -2704,9 +2386,7 @@ int main(int argc, char **argv) {
         double gbs = bench_intro(reps);
         for (int v : vers) {
             if (op_fwd && v < 5) { bench_op(true, v, reps, seed, gbs); }
-            if (v == 14) { bench_two_v14(reps, seed); }
-            else if (op_bwd && v == 13) { bench_pair_v13(reps, seed); }
-            else if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
+            if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
         }
     }
     if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }

@@ -46,16 +46,18 @@
 // backward's last site, one launch of hc_reduce_sites_kernel adds the partials of every column
 // of every site in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v3 (the forward) and v10 (the backward with dXp in 24 bits; v9 with it in
-// fp32; v1 there: one thread per element, unfused; v2: the fused streams with the norm outside,
-// h stored; v3: X_j read, not recomputed; v5: a warp a position; v8: v5 with the 24 bits).
+// Lab: dev/cuda/hc.cu v15 (the forward: v3 at 24 warps an SM) and v12 (the backward with dXp in
+// 24 bits, packed by byte permutes; v9 with it in fp32; v1 there: one thread per element,
+// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed;
+// v5: a warp a position; v8: v5 with the 24 bits; v10: v12 packed with shifts and masks).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
 #pragma once
 
 #define HC_MAX_N 8           // streams supported by the fused kernels (template cases 1, 2, 4, 8)
-#define HC_WARPS 8           // warps (positions in flight) per block
+#define HC_WARPS 4           // warps (positions in flight) per block of the forward
+#define HC_FWD_MINB 6        // the forward's blocks an SM where its registers allow (hc_fwd_min_blocks)
 #define HC_PARTS_MAX 1024    // at most this many partials per parameter sum
 
 // positions per partial: at least 32, at most HC_PARTS_MAX partials; fixed by N alone
@@ -90,16 +92,25 @@ __device__ __forceinline__ float hc_update_at(const float (&ar)[NS], float br, c
     return v;
 }
 
+// The forward's __launch_bounds__ minimum of blocks an SM: MINB where ptxas fits its 65536 /
+// (32 WARPS MINB) registers without spills and the kernel would take more (n = 4, npk = 2: the
+// 100M shape, 112 registers unbounded; n = 2, npk = 4), else 1 (the registers decide).
+constexpr int hc_fwd_min_blocks(int ns, int npk, int minb) {
+    return (ns == 4 && npk == 2) || (ns == 2 && npk == 4) ? minb : 1;
+}
+
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
 // Xn, in the order the backward recomputes it), then u = h s g (floatX) and rstd = s, s = 1 /
 // sqrt(mean(h^2) + 1e-6) as std's norm (rmsnorm.cuh). o = NULL: no update, Xn = X is not
 // written (the read and its norm alone). xb = 1: X is (N, C), the n equal streams X_0 =
 // wte[token] (never stored as n copies). Lane l: packs l + 32 q (q < NPK) of 8 channels.
-template <int NS, int NPK>
-__global__ void __launch_bounds__(32 * HC_WARPS)
+// WARPS a block, MINB blocks an SM (hc_fwd_min_blocks): the trainer's are HC_WARPS and
+// HC_FWD_MINB, 24 warps an SM at the 100M shape (80 registers); the lab times others.
+template <int NS, int NPK, int WARPS = HC_WARPS, int MINB = HC_FWD_MINB>
+__global__ void __launch_bounds__(32 * WARPS, hc_fwd_min_blocks(NS, NPK, MINB))
 hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o, const float *A,
                            const float *beta, const float *w, const floatX *g, size_t N, int C, int xb) {
-    const size_t p = (size_t)blockIdx.x * HC_WARPS + threadIdx.x / 32;
+    const size_t p = (size_t)blockIdx.x * WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (p >= N) { return; }
     float a[NS][NS], b[NS], wr[NS];
@@ -533,13 +544,14 @@ template <typename F> static void hc_pack_dispatch(int C, int cw, const floatX *
 // w[r] X_r; Xn unused). Xn = NULL with o: the streams are not written (X_{2L}, which no
 // backward reads). xb = 1: X is the embedding (N, C), standing for the n equal streams
 // X_0 (j = 0).
+template <int WARPS = HC_WARPS, int MINB = HC_FWD_MINB>
 static void hc_update_read_norm_forward(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
                                         const float *A, const float *beta, const float *w, const floatX *g, size_t N,
                                         int C, int n, int xb = 0, cudaStream_t st = 0) {
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, C, g, [&](auto npk) {
-            hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value>
-                <<<ceil_div(N, HC_WARPS), 32 * HC_WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+            hc_update_read_norm_kernel<decltype(ns)::value, decltype(npk)::value, WARPS, MINB>
+                <<<ceil_div(N, WARPS), 32 * WARPS, 0, st>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
         });
     });
     launchCheck();

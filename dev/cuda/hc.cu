@@ -15,8 +15,9 @@ Run:
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
   OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9,
-  10, 12; v5 and later are backwards only, their forward is v3's; v4 is in commit 7959a47 and
-  v11 in commit 634d014, each merged and reverted, measured and not kept).
+  10, 12, 15; v5 to v12 are backwards only, their forward is v3's; v15 is a forward alone; v4 is
+  in commit 7959a47, v11 in commit 634d014, v13 and v14 in commit d267c89, each merged and
+  reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
 
@@ -110,6 +111,10 @@ Versions:
       permutes (HcGrad24: 1.5 instructions a value to load, about 6 to round and store; v10's
       shifts and masks took about 5 and 11). The same format and arithmetic: --check requires
       v10's bits, dXp_out included.
+  v15 kernels/hc.cuh's forward: v3's kernel at more warps an SM, blocks of 4 warps, 6 an SM
+      (80 registers at n = 4, C = 512, no spills, 24 warps; v3: 112, 2 blocks of 8, 16 warps).
+      --check requires v3's bits, and --bench times v3, v15 and two others beside them (8 warps
+      3 blocks, 4 warps 5 blocks).
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -1501,8 +1506,8 @@ static void run_fwd(int ver, const Shape &s, Dev &d) {
         launchCheck();
     } else if (ver == 2) {
         hc_update_read_forward_v2(d.Xn, d.h, d.X, d.o, d.A, d.beta, d.w, s.N, s.C, s.n);
-    } else {
-        hc_update_read_norm_forward(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
+    } else {   // v3: blocks of 8 warps, no minimum of blocks an SM (v15 is the same kernel at 4 warps, 6 blocks)
+        hc_update_read_norm_forward<8, 1>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
     }
 }
 // bwd of the read of j (w, X; v3: and its norm, du = d.dh, rstd_in, g) and the update of j-1
@@ -1938,6 +1943,57 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     return ok;
 }
 
+// v15 (the forward, kernels/hc.cuh): v3's kernel with more warps an SM. ptxas at n = 4, NPK = 2
+// (C = 512): v3 112 registers, 2 blocks of 8 warps an SM (16 warps); (8 warps, 3 blocks) and (4
+// warps, 6 blocks: the trainer's, v15) fit 80 registers without spills (24 warps), (4 warps, 5
+// blocks) 96 (20 warps). The same arithmetic: --check requires v3's bits of Xn, u and rstd at
+// every shape for each; --bench times the four side by side.
+static double fwd_bytes(const Shape &s, int ver);
+template <int W, int M>
+static void fwd_v15(const Shape &s, Dev &d) {
+    hc_update_read_norm_forward<W, M>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
+}
+static const struct { const char *name; void (*run)(const Shape &, Dev &); } fwd15[] = {
+    {"v3 (8 warps, 2 blocks)", fwd_v15<8, 1>}, {"8 warps, 3 blocks", fwd_v15<8, 3>},
+    {"4 warps, 5 blocks", fwd_v15<4, 5>}, {"v15 (4 warps, 6 blocks)", fwd_v15<4, 6>}};
+static bool check_fwd_v15(uint64_t seed) {
+    bool ok = true;
+    int ns = quick ? 2 : (int)(sizeof(check_shapes) / sizeof(check_shapes[0]));
+    for (int si = 0; si < ns; si++) {
+        const Shape &s = check_shapes[si];
+        Inputs in = make_inputs(s, seed + si);
+        Dev d = dev_make(s, in);
+        printf("fwd v15 N=%zu C=%d n=%d:", s.N, s.C, s.n);
+        std::vector<unsigned char> ref[3];
+        for (int v = 0; v < 4; v++) {
+            zero(d.Xn, s.N * s.n * s.C * 2); zero(d.u, s.N * s.C * 2); zero(d.rstd, s.N * 4);
+            fwd15[v].run(s, d);
+            std::vector<unsigned char> out[3] = {fetch_bytes(d.Xn, s.N * s.n * s.C * 2),
+                                                 fetch_bytes(d.u, s.N * s.C * 2), fetch_bytes(d.rstd, s.N * 4)};
+            if (v == 0) { for (int k = 0; k < 3; k++) { ref[k] = out[k]; } continue; }
+            const bool same = out[0] == ref[0] && out[1] == ref[1] && out[2] == ref[2];
+            printf("  %s: %s", fwd15[v].name, same ? "v3's bits" : "DIFFERENT (FAIL)");
+            ok &= same;
+        }
+        printf("\n");
+        dev_free(d);
+    }
+    return ok;
+}
+static void bench_fwd_v15(int reps, uint64_t seed) {
+    const Shape &s = bench_shape;
+    Dev d = dev_make(s, make_inputs(s, seed));
+    const double bytes = fwd_bytes(s, 3);
+    for (int round = 0; round < 2; round++) {
+        for (int v = 0; v < 4; v++) {
+            float mn, ms = time_median(reps, [&]() { fwd15[v].run(s, d); }, &mn);
+            printf("fwd v15 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name, ms,
+                   mn, bytes / (ms * 1e-3) / 1e9);
+        }
+    }
+    dev_free(d);
+}
+
 // hc_reduce_sites (kernels/hc.cuh, the trainer's sums of all the sites in one launch) against a
 // launch of hc_reduce_v3_kernel per site, on the same random partials: every output bit for bit.
 // Three sites at N = 3000 (94 partials), n = 4, C = 264 (a last block of columns cut short), with
@@ -2359,23 +2415,25 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver == 11 || ver > 12 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12] [--check] [--bench] [--seed S]"
+    if (ver < 0 || ver == 4 || (ver >= 11 && ver <= 14) || ver > 15 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15] [--check] [--bench] [--seed S]"
                         " [--reps R];"
-                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014)\n");
+                        "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014;"
+                        " v13, v14: commit d267c89)\n");
         return 1;
     }
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
     std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v : vers) {
             if (op_fwd && v < 5) { ok &= check_op(true, v, seed); }
-            if (op_bwd) { ok &= check_op(false, v, seed); }
+            if (op_fwd && v == 15) { ok &= check_fwd_v15(seed); }   // the forward alone
+            else if (op_bwd && v != 15) { ok &= check_op(false, v, seed); }
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
@@ -2386,7 +2444,8 @@ int main(int argc, char **argv) {
         double gbs = bench_intro(reps);
         for (int v : vers) {
             if (op_fwd && v < 5) { bench_op(true, v, reps, seed, gbs); }
-            if (op_bwd) { bench_op(false, v, reps, seed, gbs); }
+            if (op_fwd && v == 15) { bench_fwd_v15(reps, seed); }
+            else if (op_bwd && v != 15) { bench_op(false, v, reps, seed, gbs); }
         }
     }
     if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }

@@ -1482,10 +1482,9 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
-// v9, v10 and v12 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for v12) as one
-// site's backward with
-// v5's arguments: the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces
-// all the sites of a backward in one launch)
+// v9, v10 and v12 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for v12)
+// as one site's backward with v5's arguments: the kernel, then its sums (hc_reduce_sites with
+// one site; the trainer reduces all the sites of a backward in one launch)
 template <typename G>
 static void hc_backward_v9(G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                            float *dg, float *partial, G dXp_in, const float *du, const float *rstd, const floatX *g,
@@ -1675,7 +1674,7 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
                 if (v >= 3) { out[5] = fetch_bytes(d.dg, s.C * 4); out[6] = fetch_bytes(d.dalpha, s.n * 4); }
             }
             if (rep < 0) {
-                if (dxp24(ver)) {   // v8, v10 store dXp rounded to 24 bits: v5's, v9's, rounded (v10's: as it is)
+                if (dxp24(ver)) {   // v8, v10, v12 store dXp in 24 bits: their base's (v5's, v9's, v10's) rounded
                     for (size_t i = 0; i < NS; i++) {
                         float v;
                         memcpy(&v, out[0].data() + 4 * i, 4);
@@ -1956,6 +1955,7 @@ static void fwd_v15(const Shape &s, Dev &d) {
 static const struct { const char *name; void (*run)(const Shape &, Dev &); } fwd15[] = {
     {"v3 (8 warps, 2 blocks)", fwd_v15<8, 1>}, {"8 warps, 3 blocks", fwd_v15<8, 3>},
     {"4 warps, 5 blocks", fwd_v15<4, 5>}, {"v15 (4 warps, 6 blocks)", fwd_v15<4, 6>}};
+static const int fwd15_n = (int)(sizeof(fwd15) / sizeof(fwd15[0]));
 static bool check_fwd_v15(uint64_t seed) {
     bool ok = true;
     int ns = quick ? 2 : (int)(sizeof(check_shapes) / sizeof(check_shapes[0]));
@@ -1965,7 +1965,7 @@ static bool check_fwd_v15(uint64_t seed) {
         Dev d = dev_make(s, in);
         printf("fwd v15 N=%zu C=%d n=%d:", s.N, s.C, s.n);
         std::vector<unsigned char> ref[3];
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < fwd15_n; v++) {
             zero(d.Xn, s.N * s.n * s.C * 2); zero(d.u, s.N * s.C * 2); zero(d.rstd, s.N * 4);
             fwd15[v].run(s, d);
             std::vector<unsigned char> out[3] = {fetch_bytes(d.Xn, s.N * s.n * s.C * 2),
@@ -1985,7 +1985,7 @@ static void bench_fwd_v15(int reps, uint64_t seed) {
     Dev d = dev_make(s, make_inputs(s, seed));
     const double bytes = fwd_bytes(s, 3);
     for (int round = 0; round < 2; round++) {
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < fwd15_n; v++) {
             float mn, ms = time_median(reps, [&]() { fwd15[v].run(s, d); }, &mn);
             printf("fwd v15 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name, ms,
                    mn, bytes / (ms * 1e-3) / 1e9);
@@ -2416,8 +2416,8 @@ int main(int argc, char **argv) {
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
     if (ver < 0 || ver == 4 || (ver >= 11 && ver <= 14) || ver > 15 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15] [--check] [--bench] [--seed S]"
-                        " [--reps R];"
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15] [--check] [--bench]"
+                        " [--seed S] [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014;"
                         " v13, v14: commit d267c89)\n");
         return 1;
@@ -2425,7 +2425,7 @@ int main(int argc, char **argv) {
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    std::vector<int> vers;   // v5 to v8 are backwards only (their forward is v3's)
+    std::vector<int> vers;   // v5 to v12 are backwards only (their forward is v3's), v15 a forward only
     for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     print_device(seed);
     bool ok = true;

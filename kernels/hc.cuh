@@ -46,10 +46,11 @@
 // backward's last site, one launch of hc_reduce_sites_kernel adds the partials of every column
 // of every site in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v15 (the forward: v3 at 24 warps an SM) and v12 (the backward with dXp in
-// 24 bits, packed by byte permutes; v9 with it in fp32; v1 there: one thread per element,
-// unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not recomputed;
-// v5: a warp a position; v8: v5 with the 24 bits; v10: v12 packed with shifts and masks).
+// Lab: dev/cuda/hc.cu v16 (both kernels: the forward is v15, v3 at 24 warps an SM, the backward
+// v12, dXp in 24 bits packed by byte permutes, each with its bf16 roundings in pairs and fewer
+// loads; v9 is v12 with dXp in fp32; v1 there: one thread per element, unfused; v2: the fused
+// streams with the norm outside, h stored; v3: X_j read, not recomputed; v5: a warp a position;
+// v8: v5 with the 24 bits; v10: v12 packed with shifts and masks).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -80,6 +81,25 @@ __device__ inline void hc_load_g8(float gf[8], const floatX *g) {
     }
 }
 
+// a and b rounded to floatX (ya, yb) and back to fp32 (in place), the two in one conversion where
+// floatX is bf16 (cvt.rn.bf16x2.f32: the bits of two __float2bfloat16 roundings)
+__device__ __forceinline__ void hc_round2(float &a, float &b, floatX &ya, floatX &yb) {
+    if constexpr (sizeof(floatX) == 2) {
+        const __nv_bfloat162 t = __floats2bfloat162_rn(a, b);
+        ya = t.x;
+        yb = t.y;
+        a = __low2float(t);
+        b = __high2float(t);
+    } else {
+        ya = fromF<floatX>(a);
+        yb = fromF<floatX>(b);
+    }
+}
+__device__ __forceinline__ void hc_round2(float &a, float &b) {
+    floatX ya, yb;
+    hc_round2(a, b, ya, yb);
+}
+
 // X'_r = beta[r] o + sum_s A[r,s] X_s at channel k of a pack, in this fp32 order (one product,
 // then fused multiply-adds in s order): the forward stores it rounded to floatX, and the backward
 // recomputes the same bits from X and o instead of reading X' back.
@@ -93,10 +113,11 @@ __device__ __forceinline__ float hc_update_at(const float (&ar)[NS], float br, c
 }
 
 // The forward's __launch_bounds__ minimum of blocks an SM: MINB where ptxas fits its 65536 /
-// (32 WARPS MINB) registers without spills and the kernel would take more (n = 4, npk = 2: the
-// 100M shape, 112 registers unbounded; n = 2, npk = 4), else 1 (the registers decide).
+// (32 WARPS MINB) registers without spills and the kernel would take more (bf16 streams, n = 4,
+// npk = 2: the 100M shape, 112 registers unbounded; n = 2, npk = 4), else 1 (the registers
+// decide; the fp32 build's norm weight takes twice the registers and would spill).
 constexpr int hc_fwd_min_blocks(int ns, int npk, int minb) {
-    return (ns == 4 && npk == 2) || (ns == 2 && npk == 4) ? minb : 1;
+    return sizeof(floatX) == 2 && ((ns == 4 && npk == 2) || (ns == 2 && npk == 4)) ? minb : 1;
 }
 
 // Forward: Xn = A X + beta o (rounded to floatX), h = sum_r w[r] Xn_r in fp32 (from the rounded
@@ -143,15 +164,29 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
 #pragma unroll
         for (int r = 0; r < NS; r++) {   // X'_r = sum_s A[r,s] X_s + beta[r] o;  h += w[r] X'_r
             HcPackX y;
+            float v[8];
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                y.x[k] = fromF<floatX>(o ? hc_update_at<NS>(a[r], b[r], x, ov[k], k) : x[r][k]);
-                hv[q][k] += wr[r] * toF(y.x[k]);
-            }
+            for (int k = 0; k < 8; k++) { v[k] = o ? hc_update_at<NS>(a[r], b[r], x, ov[k], k) : x[r][k]; }
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) { hc_round2(v[k], v[k + 1], y.x[k], y.x[k + 1]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) { hv[q][k] += wr[r] * v[k]; }
             if (o && Xn) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) { ss += hv[q][k] * hv[q][k]; }
+    }
+    // the norm weight at this lane's channels: loaded before the row's sum (its latency under the
+    // sum) where the registers hold it (NPK <= 2), else pack by pack after it
+    HcPair gp[NPK][4];
+    auto load_g = [&](int q) {
+        const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+        for (int k = 0; k < 4; k++) { gp[q][k] = c0 < C ? *reinterpret_cast<const HcPair *>(g + c0 + 2 * k) : HcPair{}; }
+    };
+    if constexpr (NPK <= 2) {
+#pragma unroll
+        for (int q = 0; q < NPK; q++) { load_g(q); }
     }
     ss = warp_sum(ss);   // u = rmsnorm(h; g)
     const float s = 1.0f / sqrtf(ss / C + 1e-6f);
@@ -160,11 +195,13 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
     for (int q = 0; q < NPK; q++) {
         const int c0 = (lane + 32 * q) * 8;
         if (c0 >= C) { continue; }
-        float gf[8];
-        hc_load_g8(gf, g + c0);
+        if constexpr (NPK > 2) { load_g(q); }
         HcPackX up;
 #pragma unroll
-        for (int k = 0; k < 8; k++) { up.x[k] = fromF<floatX>(hv[q][k] * s * gf[k]); }
+        for (int k = 0; k < 8; k += 2) {
+            float t0 = hv[q][k] * s * toF(gp[q][k / 2].x[0]), t1 = hv[q][k + 1] * s * toF(gp[q][k / 2].x[1]);
+            hc_round2(t0, t1, up.x[k], up.x[k + 1]);
+        }
         *reinterpret_cast<HcPackX *>(u + p * C + c0) = up;
     }
 }
@@ -248,9 +285,10 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // xpb = 1: Xprev is (N, C), the n equal streams X_0 (the update of sublayer 0).
 // A pair of warps per position (warps 2i and 2i + 1 of the block), each holding half of its
 // channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
-// packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Half a row a lane
-// takes 96 registers at n = 4, C = 512 (a whole row took 127), and the kernel runs as blocks
-// of 4 warps, 4 blocks an SM (16 warps; below). The row's sum sum_c du g h (for the norm's
+// packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Blocks of 4 warps,
+// 4 blocks an SM (16 warps; below). Across its positions a lane keeps in registers the norm
+// weight g at its channels (loaded once), its share of dg, the parameter sums, A, beta and w;
+// across the pair's barrier, h, du g and o. The row's sum sum_c du g h (for the norm's
 // k3) is the two halves' warp sums, added in half order: each warp's lane 0 writes its half
 // into xch[parity][pair][hf], the pair meets at a named barrier (id 1 + pair, 64 threads), and
 // both add the two. xch alternates with the position's parity: the pair's next write to an
@@ -260,19 +298,17 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // over its pair's positions in order; then the lanes (fixed butterfly) and the warps (in order).
 // dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
-// Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's running share of dg,
+// Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's share of dg at the end,
 // channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's words in distinct banks).
-// Blocks an SM: __launch_bounds__ asks for 5 (96 registers) where that needs no spills
-// (n npk <= 4, npk <= 2: n = 4 at C <= 512, the 100M shape), else 4 (128 registers) up to
-// n npk = 8, else 2. The barrier id in a register makes ptxas reserve all 16 of a block's
-// barriers, so the SM runs at most 4 blocks, 16 warps: with the ids as immediates (3
-// barriers, 5 blocks, 20 warps) this kernel was slower on the H200 (lab NOTES_hc.md, "v9").
+// Blocks an SM: __launch_bounds__ asks for 4 (128 registers: 127 at n = 4, C = 512, the 100M
+// shape, no spills) up to n npk = 8, else 2. The barrier id in a register makes ptxas reserve
+// all 16 of a block's barriers, so the SM runs at most 4 blocks, 16 warps, whatever the
+// registers allow: with the ids as immediates (3 barriers, 5 blocks, 20 warps) this kernel was
+// slower on the H200 (lab NOTES_hc.md, "v9").
 #define HC_BWD_WARPS 4   // warps per block of the backward: two positions in flight, a pair each
 // channels of half 0 of a row of C (the larger half: 8 ceil(C / 16), whole 16-byte packs)
 __host__ __device__ constexpr int hc_bwd_half0(int C) { return 8 * ((C / 8 + 1) / 2); }
-constexpr int hc_bwd_min_blocks(int ns, int npk) {
-    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
-}
+constexpr int hc_bwd_min_blocks(int ns, int npk) { return ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2; }
 template <int NS, int NPK, typename G>
 __global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
 hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
@@ -287,7 +323,11 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
     const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
     float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
-    float a[NS][NS], b[NS], wr[NS], acc[NP];
+    // KEEP (one pack a lane, C <= 512): g, the lane's dg shares and o stay in registers; wider
+    // rows would spill them, so there g is loaded and dg added in shared memory at every
+    // position, and o is loaded again in pass 2
+    constexpr bool KEEP = NPK == 1;
+    float a[NS][NS], b[NS], wr[NS], acc[NP], gf[NPK][8], dg[NPK][8];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
         b[r] = Xprev ? beta[r] : 1.0f;
@@ -297,14 +337,24 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
     }
 #pragma unroll
     for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+    if constexpr (KEEP) {
 #pragma unroll
-    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+        for (int q = 0; q < NPK; q++) {   // the norm weight at this lane's channels (the same at every position)
+            const int lc = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { gf[q][k] = 0.0f; dg[q][k] = 0.0f; }
+            if (lc < Ch) { hc_load_g8(gf[q], g + cb + lc); }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    }
     const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
     int par = 0;
     for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
         const float s = rstd[p];
         // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
-        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+        float h[NPK][8], dug[NPK][8], ov[NPK][8], gwx = 0.0f, P[NS], Q[NS];
 #pragma unroll
         for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
 #pragma unroll
@@ -314,8 +364,8 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
             for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
             if (lc >= Ch) { continue; }
             float x[NS][8];
-            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
-                float xp[NS][8], ov[8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads Xprev again)
+                float xp[NS][8];
 #pragma unroll
                 for (int s2 = 0; s2 < NS; s2++) {
                     HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
@@ -324,12 +374,14 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                 }
                 HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
-                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+                for (int k = 0; k < 8; k++) { ov[q][k] = toF(v.x[k]); }
 #pragma unroll
                 for (int r = 0; r < NS; r++) {
 #pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
+                    for (int k = 0; k < 8; k += 2) {
+                        x[r][k] = hc_update_at<NS>(a[r], b[r], xp, ov[q][k], k);
+                        x[r][k + 1] = hc_update_at<NS>(a[r], b[r], xp, ov[q][k + 1], k + 1);
+                        hc_round2(x[r][k], x[r][k + 1]);
                     }
                 }
             } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
@@ -346,13 +398,13 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                 for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
             }
             HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
-            float gf[8];
-            hc_load_g8(gf, g + c0);
+            if constexpr (!KEEP) { hc_load_g8(gf[q], g + c0); }
 #pragma unroll
             for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
-                dug[q][k] = d0.x[k] * gf[k];
+                dug[q][k] = d0.x[k] * gf[q][k];
                 gwx += dug[q][k] * h[q][k];
-                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+                if constexpr (KEEP) { dg[q][k] += d0.x[k] * h[q][k] * s; }
+                else { gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s; }
 #pragma unroll
                 for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
             }
@@ -387,17 +439,24 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                 *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
                 continue;
             }
+            if constexpr (!KEEP) {
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[q][k] = toF(v.x[k]); }
+            }
             HcPackX op;
-            float ov[8];
-            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
-            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+            for (int k = 0; k < 8; k += 2) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
-                float t = 0.0f;
+                for (int k2 = 0; k2 < 2; k2++) {
 #pragma unroll
-                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
-                op.x[k] = fromF<floatX>(t);
+                    for (int r = 0; r < NS; r++) {
+                        t[k2] += b[r] * d[r][k + k2];
+                        acc[NS + NS * NS + r] += d[r][k + k2] * ov[q][k + k2];
+                    }
+                }
+                hc_round2(t[0], t[1], op.x[k], op.x[k + 1]);
             }
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
@@ -416,6 +475,10 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
         }
     }
     // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+    if constexpr (KEEP) {
+#pragma unroll
+        for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = dg[i / 8][i % 8]; }
+    }
 #pragma unroll
     for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
     if (lane == 0) {

@@ -15,7 +15,7 @@ Run:
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
   OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9,
-  10, 12, 15; v5 to v12 are backwards only, their forward is v3's; v15 is a forward alone; v4 is
+  10, 12, 15, 16; v5 to v12 are backwards only, their forward is v3's; v15 is a forward alone; v4 is
   in commit 7959a47, v11 in commit 634d014, v13 and v14 in commit d267c89, each merged and
   reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
@@ -114,7 +114,17 @@ Versions:
   v15 kernels/hc.cuh's forward: v3's kernel at more warps an SM, blocks of 4 warps, 6 an SM
       (80 registers at n = 4, C = 512, no spills, 24 warps; v3: 112, 2 blocks of 8, 16 warps).
       --check requires v3's bits, and --bench times v3, v15 and two others beside them (8 warps
-      3 blocks, 4 warps 5 blocks).
+      3 blocks, 4 warps 5 blocks). The lab keeps its kernel as hc_update_read_norm_v15_kernel.
+  v16 kernels/hc.cuh's forward and backward: v15 and v12 with fewer instructions, the same bits.
+      Both round their values to bf16 in pairs (cvt.rn.bf16x2.f32, one conversion for two: Xn
+      and u in the forward, X_j's recompute in the backward). The forward loads the norm weight
+      before the row's sum instead of after it. The backward keeps, in registers across its
+      positions, the norm weight (loaded once) and the lane's shares of its gradient (v12 added
+      them in shared memory at every position), and o_{j-1} across the pair's barrier (v12
+      loaded it in both passes); that takes 127 registers, the most that 4 blocks an SM allow,
+      and the barriers hold it to 4 anyway (v12 asked for 5 and took 96). --check requires v3's
+      bits of the forward (with v15's variants) and v12's bits of the backward, dXp_out included,
+      and runs the edges. The lab keeps v12's kernel as hc_norm_read_update_backward_v12_kernel.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -958,8 +968,277 @@ __device__ __forceinline__ void hc_grad_store8(HcGrad24v10 g, size_t i, const fl
     *reinterpret_cast<uint4 *>(g.hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     *reinterpret_cast<uint2 *>(g.lo + i) = make_uint2(lw[0], lw[1]);
 }
-// dXp in 24 bits: v8, v10, v12
-static bool dxp24(int ver) { return ver == 8 || ver == 10 || ver == 12; }
+// dXp in 24 bits: v8, v10, v12, v16
+static bool dxp24(int ver) { return ver == 8 || ver == 10 || ver == 12 || ver == 16; }
+
+// v15's forward (kernels/hc.cuh's before v16; v3 is the same kernel at 8 warps, no minimum of
+// blocks): each value of Xn and u rounded to floatX alone, the norm weight loaded after the row's
+// sum. v16 rounds them in pairs and loads g before the sum: the same bits (check_fwd_variants).
+template <int NS, int NPK, int WARPS, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, hc_fwd_min_blocks(NS, NPK, MINB))
+hc_update_read_norm_v15_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o, const float *A,
+                               const float *beta, const float *w, const floatX *g, size_t N, int C, int xb) {
+    const size_t p = (size_t)blockIdx.x * WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (p >= N) { return; }
+    float a[NS][NS], b[NS], wr[NS];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = o ? beta[r] : 0.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = o ? A[r * NS + s] : (r == s ? 1.0f : 0.0f); }
+    }
+    float hv[NPK][8], ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { hv[q][k] = 0.0f; }
+        if (c0 >= C) { continue; }
+        float x[NS][8], ov[8];
+#pragma unroll
+        for (int s = 0; s < NS; s++) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + s) * C) + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { x[s][k] = toF(v.x[k]); }
+        }
+        if (o) {
+            HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+        }
+#pragma unroll
+        for (int r = 0; r < NS; r++) {   // X'_r = sum_s A[r,s] X_s + beta[r] o;  h += w[r] X'_r
+            HcPackX y;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                y.x[k] = fromF<floatX>(o ? hc_update_at<NS>(a[r], b[r], x, ov[k], k) : x[r][k]);
+                hv[q][k] += wr[r] * toF(y.x[k]);
+            }
+            if (o && Xn) { *reinterpret_cast<HcPackX *>(Xn + (p * NS + r) * C + c0) = y; }
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) { ss += hv[q][k] * hv[q][k]; }
+    }
+    ss = warp_sum(ss);   // u = rmsnorm(h; g)
+    const float s = 1.0f / sqrtf(ss / C + 1e-6f);
+    if (lane == 0) { rstd[p] = s; }
+#pragma unroll
+    for (int q = 0; q < NPK; q++) {
+        const int c0 = (lane + 32 * q) * 8;
+        if (c0 >= C) { continue; }
+        float gf[8];
+        hc_load_g8(gf, g + c0);
+        HcPackX up;
+#pragma unroll
+        for (int k = 0; k < 8; k++) { up.x[k] = fromF<floatX>(hv[q][k] * s * gf[k]); }
+        *reinterpret_cast<HcPackX *>(u + p * C + c0) = up;
+    }
+}
+template <int WARPS, int MINB>
+static void hc_update_read_norm_forward_v15(floatX *Xn, floatX *u, float *rstd, const floatX *X, const floatX *o,
+                                            const float *A, const float *beta, const float *w, const floatX *g,
+                                            size_t N, int C, int n, int xb = 0) {
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, C, g, [&](auto npk) {
+            hc_update_read_norm_v15_kernel<decltype(ns)::value, decltype(npk)::value, WARPS, MINB>
+                <<<ceil_div(N, WARPS), 32 * WARPS>>>(Xn, u, rstd, X, o, A, beta, w, g, N, C, xb);
+        });
+    });
+    launchCheck();
+}
+
+// v12's backward (kernels/hc.cuh's before v16; v9 and v10 are the same kernel with the storages
+// HcGradF32 and HcGrad24v10): the norm weight loaded and its gradient's shares added in shared
+// memory at every position, o loaded in both passes, each Xj value rounded alone; __launch_bounds__
+// asks for 5 blocks an SM (96 registers) where v16 asks for 4 (127: the barriers allow 4 anyway).
+constexpr int hc_bwd_min_blocks_v12(int ns, int npk) {
+    return ns * npk <= 4 && npk <= 2 ? 5 : ns * npk <= 8 && ns <= 4 && npk <= 4 ? 4 : 2;
+}
+template <int NS, int NPK, typename G>
+__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks_v12(NS, NPK))
+hc_norm_read_update_backward_v12_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
+                                        const float *du, const float *rstd, const floatX *g,
+                                        const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                        const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                    int xpb) {
+    constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
+    extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
+    __shared__ float red[HC_BWD_WARPS][NP];
+    __shared__ float xch[2][PAIRS][2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
+    const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    float a[NS][NS], b[NS], wr[NS], acc[NP];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+#pragma unroll
+    for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    int par = 0;
+    for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
+        float h[NPK][8], dug[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+#pragma unroll
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (lc >= Ch) { continue; }
+            float x[NS][8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads both again)
+                float xp[NS][8], ov[8];
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[k] = toF(v.x[k]); }
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        x[r][k] = toF(fromF<floatX>(hc_update_at<NS>(a[r], b[r], xp, ov[k], k)));
+                    }
+                }
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            float gf[8];
+            hc_load_g8(gf, g + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[k];
+                gwx += dug[q][k] * h[q][k];
+                gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
+        }
+        gwx = warp_sum(gwx);   // this half's sum, then the pair's: half 0's + half 1's
+        if (lane == 0) { xch[par][pair][hf] = gwx; }
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + pair), "r"(64) : "memory");
+        gwx = xch[par][pair][0] + xch[par][pair][1];
+        const float k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
+            if (lc >= Ch) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
+#pragma unroll
+                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            HcPackX op;
+            float ov[8];
+            HcPackX o0 = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { ov[k] = toF(o0.x[k]); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t = 0.0f;
+#pragma unroll
+                for (int r = 0; r < NS; r++) { t += b[r] * d[r][k]; acc[NS + NS * NS + r] += d[r][k] * ov[k]; }
+                op.x[k] = fromF<floatX>(t);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                float out[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
+                    out[k] = v;
+                }
+                hc_grad_store8(dXp_out, (p * NS + s2) * C + c0, out);
+            }
+        }
+    }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_BWD_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {   // channel c: half c >= C0, held by the warps of that half
+        const int h2 = c >= C0, lc = c - h2 * C0, i = 32 * (8 * (lc / 256) + lc % 8) + lc / 8 % 32;
+        float t = 0.0f;
+        for (int k = h2; k < HC_BWD_WARPS; k += 2) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
+    }
+}
+template <typename G>
+static void hc_norm_read_update_backward_v12(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in,
+                                             const float *du, const float *rstd, const floatX *g, const floatX *X,
+                                             const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                                             const float *beta, size_t N, int C, int n, int xb, int xpb) {
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {
+            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
+            const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_v12_kernel<NS_, NPK_, G>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_BWD_WARPS, smem>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+        });
+    });
+    launchCheck();
+}
 
 // the lab's conversions: fp32 (count values) -> 24-bit arrays, and back
 __global__ void hc24_encode_kernel(uint16_t *hi, uint8_t *lo, const float *x, size_t count) {
@@ -1482,16 +1761,22 @@ static void dev_free(Dev &d) {
     for (void *p : ps) { cudaCheck(cudaFree(p)); }
 }
 
-// v9, v10 and v12 (kernels/hc.cuh; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for v12)
-// as one site's backward with v5's arguments: the kernel, then its sums (hc_reduce_sites with
-// one site; the trainer reduces all the sites of a backward in one launch)
-template <typename G>
+// v9, v10 and v12 (v12's kernel above; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for
+// v12), and v16 (kernels/hc.cuh, V16; G: HcGrad24), as one site's backward with v5's arguments:
+// the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces all the sites of
+// a backward in one launch)
+template <bool V16 = false, typename G>
 static void hc_backward_v9(G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                            float *dg, float *partial, G dXp_in, const float *du, const float *rstd, const floatX *g,
                            const floatX *X, const float *w, const floatX *Xprev, const floatX *o, const float *A,
                            const float *beta, size_t N, int C, int n, int xb, int xpb) {
-    hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C, n,
-                                 xb, xpb);
+    if (V16) {
+        hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C,
+                                     n, xb, xpb);
+    } else {
+        hc_norm_read_update_backward_v12(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N,
+                                         C, n, xb, xpb);
+    }
     const HcSums sums = {dw, dalpha, dA, dbeta, dg, w};
     hc_reduce_sites([&](int) { return sums; }, partial, 0, 1, N, n, C);
 }
@@ -1505,8 +1790,8 @@ static void run_fwd(int ver, const Shape &s, Dev &d) {
         launchCheck();
     } else if (ver == 2) {
         hc_update_read_forward_v2(d.Xn, d.h, d.X, d.o, d.A, d.beta, d.w, s.N, s.C, s.n);
-    } else {   // v3: blocks of 8 warps, no minimum of blocks an SM (v15 is the same kernel at 4 warps, 6 blocks)
-        hc_update_read_norm_forward<8, 1>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
+    } else {   // v3: v15's kernel at blocks of 8 warps, no minimum of blocks an SM
+        hc_update_read_norm_forward_v15<8, 1>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
     }
 }
 // bwd of the read of j (w, X; v3: and its norm, du = d.dh, rstd_in, g) and the update of j-1
@@ -1537,10 +1822,13 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_backward_v9(HcGrad24v10{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGrad24v10{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev,
                        s.N, s.C, s.n, 0, 0);
-    } else if (ver == 12) {   // v12 (kernels/hc.cuh): v10 packed by byte permutes
-        hc_backward_v9(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
-                       HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N,
-                       s.C, s.n, 0, 0);
+    } else if (ver == 12 || ver == 16) {   // v12: v10 packed by byte permutes; v16 (kernels/hc.cuh): v12, leaner
+        auto run = [&](auto v16) {
+            hc_backward_v9<decltype(v16)::value>(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta,
+                                                 d.dg, d.partial, HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL,
+                                                 d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
+        };
+        if (ver == 16) { run(std::true_type()); } else { run(std::false_type()); }
     } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward_v5(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
@@ -1645,8 +1933,8 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         std::vector<unsigned char> first[7];
         // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
         // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits); v10's after v9's
-        // (its dXp: v9's rounded to 24 bits); v12's after v10's
-        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 12 ? 10 : 5;
+        // (its dXp: v9's rounded to 24 bits); v12's after v10's; v16's after v12's
+        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 12 ? 10 : ver == 16 ? 12 : 5;
         std::vector<unsigned char> v3bits[7];
         for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
@@ -1830,7 +2118,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
-    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12 read 24-bit dXp: the reference too
+    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12, v16 read 24-bit dXp: the reference too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -1842,7 +2130,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
     printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
-    const double t24 = dxp24(ver) ? 1.0 / 131072 : 0.0;   // v10, v12 round dXp_out to 24 bits: 2^-17 of it
+    const double t24 = dxp24(ver) ? 1.0 / 131072 : 0.0;   // v10, v12, v16 round dXp_out to 24 bits: 2^-17 of it
     auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                         float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
                         const floatX *o, const float *A, const float *beta, int xb, int xpb) {
@@ -1861,13 +2149,17 @@ static bool check_edges_v3(uint64_t seed, int ver) {
             hc_backward_v9(HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                            HcGradF32{(float *)dXp_in}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta,
                            s.N, s.C, n, xb, xpb);
-        } else {   // v10, v12: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
+        } else {   // v10, v12, v16: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
             if (dXp_in) { hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, dXp_in, NS); launchCheck(); }
             auto run = [&](auto g24) {   // G: the version's storage type
                 decltype(g24) none = {};
-                hc_backward_v9(dXp_out ? g24 : none, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
-                               dXp_in ? g24 : none, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N,
-                               s.C, n, xb, xpb);
+                auto call = [&](auto v16) {
+                    hc_backward_v9<decltype(v16)::value>(dXp_out ? g24 : none, dout, dx0, dw, dalpha, dA, dbeta, dg,
+                                                         d.partial, dXp_in ? g24 : none, d.dh, rstd, d.g,
+                                                         Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb,
+                                                         xpb);
+                };
+                if (ver == 16) { call(std::true_type()); } else { call(std::false_type()); }
             };
             if (ver == 10) { run(HcGrad24v10{d.dxh, d.dxl}); } else { run(HcGrad24{d.dxh, d.dxl}); }
             if (dXp_out) { hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(dXp_out, d.dxh, d.dxl, NS); launchCheck(); }
@@ -1942,19 +2234,24 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     return ok;
 }
 
-// v15 (the forward, kernels/hc.cuh): v3's kernel with more warps an SM. ptxas at n = 4, NPK = 2
-// (C = 512): v3 112 registers, 2 blocks of 8 warps an SM (16 warps); (8 warps, 3 blocks) and (4
-// warps, 6 blocks: the trainer's, v15) fit 80 registers without spills (24 warps), (4 warps, 5
-// blocks) 96 (20 warps). The same arithmetic: --check requires v3's bits of Xn, u and rstd at
-// every shape for each; --bench times the four side by side.
+// v15: v3's kernel with more warps an SM. ptxas at n = 4, NPK = 2 (C = 512): v3 112 registers,
+// 2 blocks of 8 warps an SM (16 warps); (8 warps, 3 blocks) and (4 warps, 6 blocks: v15) fit 80
+// registers without spills (24 warps), (4 warps, 5 blocks) 96 (20 warps). v16 (the forward,
+// kernels/hc.cuh): v15's blocks, its values rounded to floatX in pairs (one conversion for two)
+// and the norm weight loaded before the row's sum. The same arithmetic: --check requires v3's
+// bits of Xn, u and rstd at every shape for each; --bench times the five side by side.
 static double fwd_bytes(const Shape &s, int ver);
 template <int W, int M>
 static void fwd_v15(const Shape &s, Dev &d) {
-    hc_update_read_norm_forward<W, M>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
+    hc_update_read_norm_forward_v15<W, M>(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
+}
+static void fwd_v16(const Shape &s, Dev &d) {
+    hc_update_read_norm_forward(d.Xn, d.u, d.rstd, d.X, d.o, d.A, d.beta, d.w, d.g, s.N, s.C, s.n);
 }
 static const struct { const char *name; void (*run)(const Shape &, Dev &); } fwd15[] = {
     {"v3 (8 warps, 2 blocks)", fwd_v15<8, 1>}, {"8 warps, 3 blocks", fwd_v15<8, 3>},
-    {"4 warps, 5 blocks", fwd_v15<4, 5>}, {"v15 (4 warps, 6 blocks)", fwd_v15<4, 6>}};
+    {"4 warps, 5 blocks", fwd_v15<4, 5>}, {"v15 (4 warps, 6 blocks)", fwd_v15<4, 6>},
+    {"v16 (v15, leaner)", fwd_v16}};
 static const int fwd15_n = (int)(sizeof(fwd15) / sizeof(fwd15[0]));
 static bool check_fwd_v15(uint64_t seed) {
     bool ok = true;
@@ -1963,7 +2260,7 @@ static bool check_fwd_v15(uint64_t seed) {
         const Shape &s = check_shapes[si];
         Inputs in = make_inputs(s, seed + si);
         Dev d = dev_make(s, in);
-        printf("fwd v15 N=%zu C=%d n=%d:", s.N, s.C, s.n);
+        printf("fwd v15, v16 N=%zu C=%d n=%d:", s.N, s.C, s.n);
         std::vector<unsigned char> ref[3];
         for (int v = 0; v < fwd15_n; v++) {
             zero(d.Xn, s.N * s.n * s.C * 2); zero(d.u, s.N * s.C * 2); zero(d.rstd, s.N * 4);
@@ -1987,7 +2284,7 @@ static void bench_fwd_v15(int reps, uint64_t seed) {
     for (int round = 0; round < 2; round++) {
         for (int v = 0; v < fwd15_n; v++) {
             float mn, ms = time_median(reps, [&]() { fwd15[v].run(s, d); }, &mn);
-            printf("fwd v15 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name, ms,
+            printf("fwd v15, v16 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name, ms,
                    mn, bytes / (ms * 1e-3) / 1e9);
         }
     }
@@ -2415,8 +2712,8 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || (ver >= 11 && ver <= 14) || ver > 15 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15] [--check] [--bench]"
+    if (ver < 0 || ver == 4 || ver == 11 || ver == 13 || ver == 14 || ver > 16 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15|16] [--check] [--bench]"
                         " [--seed S] [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014;"
                         " v13, v14: commit d267c89)\n");
@@ -2425,27 +2722,30 @@ int main(int argc, char **argv) {
     if (do_all || (!op_fwd && !op_bwd)) { op_fwd = op_bwd = true; }
     if (do_all || (!do_check && !do_bench)) { do_check = do_bench = true; }
     if (do_all) { ver = 0; }
-    std::vector<int> vers;   // v5 to v12 are backwards only (their forward is v3's), v15 a forward only
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    // v5 to v12 are backwards only (their forward is v3's), v15 a forward only; v16 both (its forward
+    // is checked and timed with v15's variants: once, where both are run)
+    std::vector<int> vers;
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15, 16}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    auto fwd_variants = [&](int v) { return v == 16 || (v == 15 && ver == 15); };
     print_device(seed);
     bool ok = true;
     if (do_check) {
         for (int v : vers) {
             if (op_fwd && v < 5) { ok &= check_op(true, v, seed); }
-            if (op_fwd && v == 15) { ok &= check_fwd_v15(seed); }   // the forward alone
-            else if (op_bwd && v != 15) { ok &= check_op(false, v, seed); }
+            if (op_fwd && fwd_variants(v)) { ok &= check_fwd_v15(seed); }
+            if (op_bwd && v != 15) { ok &= check_op(false, v, seed); }
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7, 9, 10, 12}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9, 10, 12, 16}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
         if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {
         double gbs = bench_intro(reps);
         for (int v : vers) {
             if (op_fwd && v < 5) { bench_op(true, v, reps, seed, gbs); }
-            if (op_fwd && v == 15) { bench_fwd_v15(reps, seed); }
-            else if (op_bwd && v != 15) { bench_op(false, v, reps, seed, gbs); }
+            if (op_fwd && fwd_variants(v)) { bench_fwd_v15(reps, seed); }
+            if (op_bwd && v != 15) { bench_op(false, v, reps, seed, gbs); }
         }
     }
     if (do_check) { printf("all checks: %s\n", ok ? "PASS" : "FAIL"); }

@@ -182,7 +182,9 @@ hc_update_read_norm_kernel(floatX *Xn, floatX *u, float *rstd, const floatX *X, 
     auto load_g = [&](int q) {
         const int c0 = (lane + 32 * q) * 8;
 #pragma unroll
-        for (int k = 0; k < 4; k++) { gp[q][k] = c0 < C ? *reinterpret_cast<const HcPair *>(g + c0 + 2 * k) : HcPair{}; }
+        for (int k = 0; k < 4; k++) {
+            gp[q][k] = c0 < C ? *reinterpret_cast<const HcPair *>(g + c0 + 2 * k) : HcPair{};
+        }
     };
     if constexpr (NPK <= 2) {
 #pragma unroll
@@ -286,9 +288,10 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // A pair of warps per position (warps 2i and 2i + 1 of the block), each holding half of its
 // channels: half 0 the first C0 = 8 ceil(C / 16), half 1 the rest; lane l of half hf the
 // packs of 8 channels at hf C0 + 8 (l + 32 q), q < NPK = ceil(C0 / 256). Blocks of 4 warps,
-// 4 blocks an SM (16 warps; below). Across its positions a lane keeps in registers the norm
-// weight g at its channels (loaded once), its share of dg, the parameter sums, A, beta and w;
-// across the pair's barrier, h, du g and o. The row's sum sum_c du g h (for the norm's
+// 4 blocks an SM (16 warps; below). Across its positions a lane keeps in registers the
+// parameter sums, A, beta and w, and where it holds one pack (C <= 512: KEEP in the kernel) also
+// the norm weight g at its channels (loaded once) and its share of dg; across the pair's
+// barrier, h, du g (and with KEEP o). The row's sum sum_c du g h (for the norm's
 // k3) is the two halves' warp sums, added in half order: each warp's lane 0 writes its half
 // into xch[parity][pair][hf], the pair meets at a named barrier (id 1 + pair, 64 threads), and
 // both add the two. xch alternates with the position's parity: the pair's next write to an
@@ -298,8 +301,9 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // over its pair's positions in order; then the lanes (fixed butterfly) and the warps (in order).
 // dw_j[r] = dh . X_r with dh = s du g - k3 h is summed as s (du g . X_r) - k3 (h . X_r) (k3 =
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
-// Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's share of dg at the end,
-// channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 + lane (a lane's words in distinct banks).
+// Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's share of dg (with KEEP written
+// at the end, else added at every position), channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 +
+// lane (a lane's words in distinct banks).
 // Blocks an SM: __launch_bounds__ asks for 4 (128 registers: 127 at n = 4, C = 512, the 100M
 // shape, no spills) up to n npk = 8, else 2. The barrier id in a register makes ptxas reserve
 // all 16 of a block's barriers, so the SM runs at most 4 blocks, 16 warps, whatever the

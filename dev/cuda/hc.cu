@@ -2118,7 +2118,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
-    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12, v16 read 24-bit dXp: the reference too
+    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12, v16: 24-bit dXp, the reference's too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -2284,8 +2284,8 @@ static void bench_fwd_v15(int reps, uint64_t seed) {
     for (int round = 0; round < 2; round++) {
         for (int v = 0; v < fwd15_n; v++) {
             float mn, ms = time_median(reps, [&]() { fwd15[v].run(s, d); }, &mn);
-            printf("fwd v15, v16 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name, ms,
-                   mn, bytes / (ms * 1e-3) / 1e9);
+            printf("fwd v15, v16 N=%zu C=%d n=%d, %-24s %.4f ms (min %.4f), %.0f GB/s\n", s.N, s.C, s.n, fwd15[v].name,
+                   ms, mn, bytes / (ms * 1e-3) / 1e9);
         }
     }
     dev_free(d);

@@ -292,6 +292,9 @@ typedef struct {
     int fwd_kmax, fwd_starts;       // the largest group; the sites that start from a partial
     int *d_inputs, *d_targets;      // the current batch (B, T) on the device
     int *enc_scratch;               // (3N+1) device: the positions of each token (encoder_backward)
+    int *enc_plan;                  // (3N+1) pinned host: the same, sorted on the host (encoder_backward_plan)
+    int enc_nseg;                   // its number of distinct tokens
+    cudaEvent_t enc_plan_sent;      // recorded after enc_plan's upload: the host may write it again
     double *norm_part;              // (NORM_BLOCKS) device: grad_norm's per-block partials
     int *inputs, *targets;          // host copies of the current batch
     float *losses_host;             // (N)
@@ -502,6 +505,8 @@ void model_alloc_acts(Model *m, int B, int T) {
     cudaCheck(cudaMalloc(&m->d_inputs, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->d_targets, N * sizeof(int)));
     cudaCheck(cudaMalloc(&m->enc_scratch, (3 * N + 1) * sizeof(int)));
+    cudaCheck(cudaMallocHost(&m->enc_plan, (3 * N + 1) * sizeof(int)));
+    cudaCheck(cudaEventCreateWithFlags(&m->enc_plan_sent, cudaEventDisableTiming));
     cudaCheck(cudaMalloc(&m->norm_part, NORM_BLOCKS * sizeof(double)));
     m->inputs = (int *)calloc_check(N, sizeof(int));
     m->targets = (int *)calloc_check(N, sizeof(int));
@@ -916,7 +921,10 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     int mhar = c->mode == RES_MHAR, hc = c->mode == RES_HC, delta = c->mode == RES_DELTA;
     memcpy(m->inputs, inputs, N * sizeof(int));
     op_range("fwd encoder");
+    // the batch's uploads come first, while the queue is empty: a synchronous copy in the middle
+    // of the forward would wait for the GPU to drain the queue up to it
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
+    if (targets != NULL) { cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
     if (mhar || delta) {
         route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C);
@@ -981,7 +989,6 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     memcpy(m->targets, targets, N * sizeof(int));
     int fused = dloss != 0 && crossentropy_use_fused(c->Vp);
     op_range(fused ? "fwd+bwd crossentropy" : "fwd crossentropy");
-    cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice));
     if (fused) {   // losses, and dlogits over the logits (model_backward's first step)
         crossentropy_fused(a->logits, a->losses, a->ce_lse, a->logits, m->d_targets, dloss, N, c->V, c->Vp);
         m->ce_dloss = dloss;
@@ -1030,6 +1037,12 @@ void model_backward(Model *m, float dloss) {
     floatX *uf = ULN(2 * L);   // (mhar: the one u buffer still holds the final site's)
     op_range("bwd matmul head");
     matmul_backward(g->dln, dp->wte, dlogits, uf, p->wte, N, c->C, c->Vp);
+    // the encoder's token grouping: sorted on the host while the GPU runs the head's backward,
+    // then uploaded in stream order from pinned memory, so the queue never drains for it
+    cudaCheck(cudaEventSynchronize(m->enc_plan_sent));   // the previous upload has read enc_plan
+    m->enc_nseg = encoder_backward_plan(m->enc_plan, m->inputs, N);
+    cudaCheck(cudaMemcpyAsync(m->enc_scratch, m->enc_plan, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice, 0));
+    cudaCheck(cudaEventRecord(m->enc_plan_sent, 0));
     // uf = rmsnorm(h_final; lnfw)
     op_range("bwd route + norm");
     site_backward(m, (int)(2 * L), N, p->lnfw, dp->lnfw, NULL);
@@ -1063,7 +1076,7 @@ void model_backward(Model *m, float dloss) {
     }
     // slot 0 = wte[inputs]
     op_range("bwd encoder");
-    encoder_backward(dp->wte, g->dslots, m->inputs, N, c->C, m->enc_scratch);
+    encoder_backward(dp->wte, g->dslots, m->enc_scratch, m->enc_nseg, N, c->C);
     // s[h,i] = r_i (q_j gamma_j) . v_i at every site j: dq, dgamma from the gathers' per-pair sums
     op_range("bwd route params");
     if (c->mode == RES_MHAR || c->mode == RES_DELTA) {
@@ -1176,6 +1189,8 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
     cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
+    cudaCheck(cudaFreeHost(m->enc_plan));
+    if (m->enc_plan_sent) { cudaCheck(cudaEventDestroy(m->enc_plan_sent)); }
     cudaCheck(cudaFree(m->norm_part));
     free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead);
     free(m->inputs); free(m->targets); free(m->losses_host);

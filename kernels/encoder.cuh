@@ -1,7 +1,8 @@
 // kernels/encoder.cuh: the embedding. Forward out (N, C) = wte[inp[n]] (one thread
 // per element); backward dwte[tok] += dout rows of that token's positions, summed in
-// position order (the host groups the positions by token; one block row per token):
-// deterministic, no atomics. The trainer's own simple kernels (no lab version).
+// position order (the host groups the positions by token, encoder_backward_plan, while the
+// GPU runs earlier work; one block row per token): deterministic, no atomics. The trainer's own
+// simple kernels (no lab version).
 #pragma once
 
 // ----------------------------------------------------------------------------
@@ -37,26 +38,29 @@ int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// dwte[inp[n]] += dout[n]. inp is the host copy of the batch; the host groups
-// the positions by token (sorted by (token, position)) into the device scratch
-// `scratch` (3N+1 ints), then one kernel row per token sums them in order.
-void encoder_backward(float *dwte, const float *dout, const int *inp, size_t N, int C, int *scratch) {
+// The host's half of encoder_backward: the positions of inp (N, the host copy of the batch)
+// grouped by token, sorted by (token, position), into plan (3N+1 ints: order (N) | seg_start
+// (N+1) | seg_tok (N)). Returns the number of distinct tokens. The trainer runs it while the GPU
+// works and uploads plan in stream order, so the backward never waits on the host.
+int encoder_backward_plan(int *plan, const int *inp, size_t N) {
     uint64_t *key = (uint64_t *)malloc_check(N * sizeof(uint64_t));
-    int *host = (int *)malloc_check((3 * N + 1) * sizeof(int));
     for (size_t n = 0; n < N; n++) { key[n] = (uint64_t)(uint32_t)inp[n] << 32 | (uint64_t)n; }
     qsort(key, N, sizeof(uint64_t), cmp_u64);
-    int *order = host, *seg_start = host + N, nseg = 0;
-    int *seg_tok = host + 2 * N + 1;
+    int *order = plan, *seg_start = plan + N, *seg_tok = plan + 2 * N + 1, nseg = 0;
     for (size_t k = 0; k < N; k++) {
         order[k] = (int)(key[k] & 0xffffffffu);
         int tok = (int)(key[k] >> 32);
         if (k == 0 || tok != seg_tok[nseg - 1]) { seg_start[nseg] = (int)k; seg_tok[nseg++] = tok; }
     }
     seg_start[nseg] = (int)N;
-    // device layout: order (N) | seg_start (N+1) | seg_tok (N)
-    cudaCheck(cudaMemcpy(scratch, host, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice));
+    free(key);
+    return nseg;
+}
+
+// dwte[inp[n]] += dout[n], from encoder_backward_plan's plan of the batch, on the device
+// (3N+1 ints), and its nseg: one kernel row per token sums that token's rows in order.
+void encoder_backward(float *dwte, const float *dout, const int *plan, int nseg, size_t N, int C) {
     dim3 grid(nseg, ceil_div(C, 128));
-    encoder_backward_kernel<<<grid, 128>>>(dwte, dout, scratch, scratch + N, scratch + 2 * N + 1, C);
+    encoder_backward_kernel<<<grid, 128>>>(dwte, dout, plan, plan + N, plan + 2 * N + 1, C);
     launchCheck();
-    free(key); free(host);
 }

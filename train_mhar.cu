@@ -1189,7 +1189,7 @@ void model_free(Model *m) {
     cudaCheck(cudaFree(m->rope_cos)); cudaCheck(cudaFree(m->site_src));
     cudaCheck(cudaFree(m->slot_rd)); cudaCheck(cudaFree(m->d_pair_off));
     cudaCheck(cudaFree(m->d_inputs)); cudaCheck(cudaFree(m->d_targets)); cudaCheck(cudaFree(m->enc_scratch));
-    cudaCheck(cudaFreeHost(m->enc_plan));
+    if (m->enc_plan) { cudaCheck(cudaFreeHost(m->enc_plan)); }   // (NULL, and no event, before the first forward)
     if (m->enc_plan_sent) { cudaCheck(cudaEventDestroy(m->enc_plan_sent)); }
     cudaCheck(cudaFree(m->norm_part));
     free(m->pair_off); free(m->site_n); free(m->slot_nr); free(m->fwd_lead);

@@ -46,9 +46,10 @@
 // backward's last site, one launch of hc_reduce_sites_kernel adds the partials of every column
 // of every site in a fixed order (std's rmsnorm_dw_reduce_kernel's scheme) and turns dw into
 // dalpha (the softmax's backward).
-// Lab: dev/cuda/hc.cu v16 (both kernels: the forward is v15, v3 at 24 warps an SM, the backward
-// v12, dXp in 24 bits packed by byte permutes, each with its bf16 roundings in pairs and fewer
-// loads; v9 is v12 with dXp in fp32; v1 there: one thread per element, unfused; v2: the fused
+// Lab: dev/cuda/hc.cu v16 (the forward: v15, v3 at 24 warps an SM, its bf16 roundings in pairs)
+// and v17 (the backward: v16's, whose inputs a lane stages in shared memory one position ahead
+// where it holds one pack; v16: v12, dXp in 24 bits packed by byte permutes, with its bf16
+// roundings in pairs and fewer loads; v9 is v12 with dXp in fp32; v1 there: one thread per element, unfused; v2: the fused
 // streams with the norm outside, h stored; v3: X_j read, not recomputed; v5: a warp a position;
 // v8: v5 with the 24 bits; v10: v12 packed with shifts and masks).
 //
@@ -240,12 +241,10 @@ __device__ __forceinline__ void hc_grad_store8(HcGradF32 g, size_t i, const floa
     for (int k = 0; k < 8; k++) { t.x[k] = v[k]; }
     *reinterpret_cast<HcPackF *>(g.v + i) = t;
 }
-// 8 values at element i: one 16-byte and one 8-byte load, then byte permutes (PRMT) alone: z[m]
+// 8 values from their hi (16 bytes) and lo (8 bytes) words, by byte permutes (PRMT) alone: z[m]
 // holds low bytes 2m and 2m + 1 at its bytes 1 and 3, zeros at 0 and 2, and each value takes
 // two bytes of hi and two of z: 1.5 instructions a value
-__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) {
-    const uint4 hv = *reinterpret_cast<const uint4 *>(g.hi + i);
-    const uint2 lv = *reinterpret_cast<const uint2 *>(g.lo + i);
+__device__ __forceinline__ void hc_grad24_unpack8(float v[8], uint4 hv, uint2 lv) {
     const uint32_t hw[4] = {hv.x, hv.y, hv.z, hv.w};
     const uint32_t z[4] = {__byte_perm(lv.x, 0u, 0x1404), __byte_perm(lv.x, 0u, 0x3424),
                            __byte_perm(lv.y, 0u, 0x1404), __byte_perm(lv.y, 0u, 0x3424)};
@@ -254,6 +253,10 @@ __device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) 
         v[2 * m] = __uint_as_float(__byte_perm(hw[m], z[m], 0x1054));       // hi half 0, z byte 1
         v[2 * m + 1] = __uint_as_float(__byte_perm(hw[m], z[m], 0x3276));   // hi half 1, z byte 3
     }
+}
+// 8 values at element i: one 16-byte and one 8-byte load
+__device__ __forceinline__ void hc_grad_load8(float v[8], HcGrad24 g, size_t i) {
+    hc_grad24_unpack8(v, *reinterpret_cast<const uint4 *>(g.hi + i), *reinterpret_cast<const uint2 *>(g.lo + i));
 }
 // fp32 -> its bits rounded to nearest even at bit 8, in place (the top 24 bits are the stored value;
 // the low 8 are dropped by the packing); infinities and NaNs are truncated, so a NaN stays a NaN
@@ -275,6 +278,52 @@ __device__ __forceinline__ void hc_grad_store8(HcGrad24 g, size_t i, const float
 }
 // the trainer's storage: 24 bits where the activations are bf16
 typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
+
+// The backward's stages (STAGE in the kernel: one pack a lane, the 24-bit dXp, the bf16 build at
+// C <= 512): a lane copies its position's inputs into shared memory with cp.async one position
+// ahead of the one it computes, so that their DRAM latency hides under a whole position's work
+// instead of stalling both passes. A warp's stage, in rows of its 32 lanes: NS rows of 16-byte
+// packs of the streams read (Xprev; X at site 0), one of o, two of du (fp32, 8 channels), NS of
+// dXp's hi words (16 bytes), then NS rows of its lo words (8 bytes a lane). Each lane reads back
+// only what it copied itself, so cp.async.wait_group alone orders the two (no barrier).
+template <int NS> __host__ __device__ constexpr int hc_stage_bytes() { return 32 * (16 * (2 * NS + 3) + 8 * NS); }
+template <int NPK, typename G> __host__ __device__ constexpr bool hc_bwd_staged() {
+    return NPK == 1 && std::is_same<G, HcGrad24>::value;
+}
+__device__ __forceinline__ void hc_cp_async(void *smem, const void *gmem, std::integral_constant<int, 16>) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void hc_cp_async(void *smem, const void *gmem, std::integral_constant<int, 8>) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(gmem) : "memory");
+}
+// position p's inputs at channels c0 .. c0 + 7 into stage b (this lane's slots; asynchronous)
+template <int NS>
+__device__ __forceinline__ void hc_stage_position(unsigned char *b, int lane, size_t p, int C, int c0,
+                                                  const floatX *Xs, int xsb, const floatX *o, const float *du,
+                                                  HcGrad24 dXp) {
+    using B16 = std::integral_constant<int, 16>;
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        hc_cp_async(b + (32 * s + lane) * 16, Xs + (xsb ? p * C : (p * NS + s) * C) + c0, B16());
+    }
+    if (o) { hc_cp_async(b + (32 * NS + lane) * 16, o + p * C + c0, B16()); }
+    hc_cp_async(b + (32 * (NS + 1) + lane) * 16, du + p * C + c0, B16());
+    hc_cp_async(b + (32 * (NS + 2) + lane) * 16, du + p * C + c0 + 4, B16());
+    if (dXp.hi) {
+#pragma unroll
+        for (int r = 0; r < NS; r++) {
+            hc_cp_async(b + (32 * (NS + 3 + r) + lane) * 16, dXp.hi + (p * NS + r) * C + c0, B16());
+            hc_cp_async(b + 512 * (2 * NS + 3) + (32 * r + lane) * 8, dXp.lo + (p * NS + r) * C + c0,
+                        std::integral_constant<int, 8>());
+        }
+    }
+}
+// this lane's slot of row i of a stage, as a T
+template <typename T> __device__ __forceinline__ const T &hc_stage_at(const unsigned char *b, int i, int lane) {
+    return *reinterpret_cast<const T *>(b + (32 * i + lane) * 16);
+}
 
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
 // file), given du = dL/du_j (N, C) fp32 and rstd (N) of the forward. dXp (N, n, C), stored as G
@@ -303,7 +352,8 @@ typedef std::conditional<sizeof(floatX) == 2, HcGrad24, HcGradF32>::type HcGrad;
 // s^3 / C sum_c du g h), both dot products from the first pass over the row.
 // Dynamic shared memory: HC_BWD_WARPS x 256 NPK floats, each warp's share of dg (with KEEP written
 // at the end, else added at every position), channel hf C0 + 8 (lane + 32 q) + k at (8 q + k) 32 +
-// lane (a lane's words in distinct banks).
+// lane (a lane's words in distinct banks); with STAGE, under them, each warp's two stages
+// (hc_stage_bytes: 6.5 KiB a stage at n = 4, 52 KiB a block, 4 blocks in an SM's 228 KiB).
 // Blocks an SM: __launch_bounds__ asks for 4 (128 registers: 127 at n = 4, C = 512, the 100M
 // shape, no spills) up to n npk = 8, else 2. The barrier id in a register makes ptxas reserve
 // all 16 of a block's barriers, so the SM runs at most 4 blocks, 16 warps, whatever the
@@ -331,6 +381,23 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
     // rows would spill them, so there g is loaded and dg added in shared memory at every
     // position, and o is loaded again in pass 2
     constexpr bool KEEP = NPK == 1;
+    // STAGE (hc_bwd_staged): the inputs come from this warp's two stages, position p's from stage
+    // par (the parity below), copied during the position before; the stages take the dynamic
+    // shared memory, and the dg shares are written over them at the end, after a block barrier
+    constexpr bool STAGE = hc_bwd_staged<NPK, G>();
+    constexpr int SB = hc_stage_bytes<NS>();
+    unsigned char *stg = reinterpret_cast<unsigned char *>(hc_gsh) + (size_t)warp * 2 * SB;
+    const floatX *Xs = Xprev ? Xprev : X;   // the streams read: X_{j-1}, or X_0 at site 0
+    const int xsb = Xprev ? xpb : xb;
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    float s_next = 0.0f;   // STAGE: rstd of the next position, loaded a position ahead
+    if constexpr (STAGE) {
+        if (p0 + pair < p1 && lane * 8 < Ch) {
+            hc_stage_position<NS>(stg, lane, p0 + pair, C, cb + lane * 8, Xs, xsb, o, du, dXp_in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if (p0 + pair < p1) { s_next = rstd[p0 + pair]; }
+    }
     float a[NS][NS], b[NS], wr[NS], acc[NP], gf[NPK][8], dg[NPK][8];
 #pragma unroll
     for (int r = 0; r < NS; r++) {
@@ -353,10 +420,24 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
 #pragma unroll
         for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
     }
-    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
     int par = 0;
     for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
-        const float s = rstd[p];
+        float s;
+        const unsigned char *cur = stg + par * SB;   // STAGE: position p's inputs
+        if constexpr (STAGE) {   // the next position's into the other stage, then wait for this one's
+            s = s_next;
+            if (p + PAIRS < p1) {
+                if (lane * 8 < Ch) {
+                    hc_stage_position<NS>(stg + (par ^ 1) * SB, lane, p + PAIRS, C, cb + lane * 8, Xs, xsb, o, du,
+                                          dXp_in);
+                }
+                s_next = rstd[p + PAIRS];
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            s = rstd[p];
+        }
         // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
         float h[NPK][8], dug[NPK][8], ov[NPK][8], gwx = 0.0f, P[NS], Q[NS];
 #pragma unroll
@@ -372,11 +453,14 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                 float xp[NS][8];
 #pragma unroll
                 for (int s2 = 0; s2 < NS; s2++) {
-                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                    const size_t i = (xpb ? p * C : (p * NS + s2) * C) + c0;
+                    HcPackX v = STAGE ? hc_stage_at<HcPackX>(cur, s2, lane)
+                                      : *reinterpret_cast<const HcPackX *>(Xprev + i);
 #pragma unroll
                     for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
                 }
-                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+                HcPackX v = STAGE ? hc_stage_at<HcPackX>(cur, NS, lane)
+                                  : *reinterpret_cast<const HcPackX *>(o + p * C + c0);
 #pragma unroll
                 for (int k = 0; k < 8; k++) { ov[q][k] = toF(v.x[k]); }
 #pragma unroll
@@ -391,7 +475,8 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
             } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
 #pragma unroll
                 for (int r = 0; r < NS; r++) {
-                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+                    HcPackX v = STAGE ? hc_stage_at<HcPackX>(cur, r, lane)
+                                      : *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
 #pragma unroll
                     for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
                 }
@@ -401,7 +486,13 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
 #pragma unroll
                 for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
             }
-            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            HcPackF d0;
+            if constexpr (STAGE) {
+                const float4 d1 = hc_stage_at<float4>(cur, NS + 1, lane), d2 = hc_stage_at<float4>(cur, NS + 2, lane);
+                d0 = {{d1.x, d1.y, d1.z, d1.w, d2.x, d2.y, d2.z, d2.w}};
+            } else {
+                d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            }
             if constexpr (!KEEP) { hc_load_g8(gf[q], g + c0); }
 #pragma unroll
             for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
@@ -429,7 +520,15 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
 #pragma unroll
             for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
                 float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
+                if constexpr (STAGE) {
+                    if (!hc_grad_null(dXp_in)) {
+                        const unsigned char *lo = cur + 512 * (2 * NS + 3) + (32 * r + lane) * 8;
+                        const uint2 lv = *reinterpret_cast<const uint2 *>(lo);
+                        hc_grad24_unpack8(dv, hc_stage_at<uint4>(cur, NS + 3 + r, lane), lv);
+                    }
+                } else if (!hc_grad_null(dXp_in)) {
+                    hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0);
+                }
 #pragma unroll
                 for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
             }
@@ -465,7 +564,9 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
             *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
 #pragma unroll
             for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
-                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                const size_t i = (xpb ? p * C : (p * NS + s2) * C) + c0;
+                HcPackX xv = STAGE ? hc_stage_at<HcPackX>(cur, s2, lane)
+                                   : *reinterpret_cast<const HcPackX *>(Xprev + i);
                 float out[8];
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
@@ -479,6 +580,10 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
         }
     }
     // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+    if constexpr (STAGE) {   // every warp done with the stages before the dg shares overwrite them
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();
+    }
     if constexpr (KEEP) {
 #pragma unroll
         for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = dg[i / 8][i % 8]; }
@@ -653,10 +758,14 @@ static void hc_norm_read_update_backward(G dXp_out, floatX *dout, float *dx0, fl
     hc_dispatch(n, [&](auto ns) {
         hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {   // NPK: the packs of half 0
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
-            const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
+            const size_t gsh = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);   // the dg shares
+            const size_t stages = hc_bwd_staged<NPK_, G>() ? 2 * HC_BWD_WARPS * hc_stage_bytes<NS_>() : 0;
+            const size_t smem = stages > gsh ? stages : gsh;   // the stages lie under the shares
             auto kernel = hc_norm_read_update_backward_kernel<NS_, NPK_, G>;
             if (smem > 48 * 1024) {
                 cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared));
             }
             kernel<<<P, 32 * HC_BWD_WARPS, smem, st>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
                                                        Xprev, o, A, beta, N, C, rows, xb, xpb);

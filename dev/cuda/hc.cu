@@ -15,9 +15,9 @@ Run:
     ./hc --op OP --version N --bench   version N of OP timed at the 100m shape
     ./hc --all                     --check and --bench of every op and version
   OP: fwd, bwd; without --op: both. Without --version: every version (1, 2, 3, 5, 6, 7, 8, 9,
-  10, 12, 15, 16; v5 to v12 are backwards only, their forward is v3's; v15 is a forward alone; v4 is
-  in commit 7959a47, v11 in commit 634d014, v13 and v14 in commit d267c89, each merged and
-  reverted, measured and not kept).
+  10, 12, 15, 16, 17; v5 to v12 are backwards only, their forward is v3's; v15 is a forward alone,
+  v17 a backward alone; v4 is in commit 7959a47, v11 in commit 634d014, v13 and v14 in commit
+  d267c89, each merged and reverted, measured and not kept).
   options: --seed S (inputs; default 1234), --reps R (timed repeats, default 20),
            --quick (--check on the first two shapes only)
 
@@ -125,6 +125,13 @@ Versions:
       and the barriers hold it to 4 anyway (v12 asked for 5 and took 96). --check requires v3's
       bits of the forward (with v15's variants) and v12's bits of the backward, dXp_out included,
       and runs the edges. The lab keeps v12's kernel as hc_norm_read_update_backward_v12_kernel.
+  v17 kernels/hc.cuh's backward: v16 with each position's inputs staged one position ahead. Where
+      a lane holds one pack and dXp is in 24 bits (the bf16 build at C <= 512), it copies the next
+      position's X_{j-1}, o, du and dXp into its warp's shared memory by cp.async (6.5 KiB a warp
+      at n = 4; two stages, 52 KiB a block) and loads its rstd, then computes the current one from
+      the other stage: v16 waited on those loads at the start of both passes, and reloaded X_{j-1}
+      from L1 in pass 2. The same arithmetic: --check requires v16's bits, dXp_out included, and
+      runs the edges. The lab keeps v16's kernel as hc_norm_read_update_backward_v16_kernel.
 
 Bytes per position per sublayer (n = 4, C = 512), the floor of each op (--bytes):
   fwd v2: reads X (2nC) and o (2C), writes X' (2nC) and h (2C): (4n + 4) C = 10 KiB
@@ -968,8 +975,8 @@ __device__ __forceinline__ void hc_grad_store8(HcGrad24v10 g, size_t i, const fl
     *reinterpret_cast<uint4 *>(g.hi + i) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     *reinterpret_cast<uint2 *>(g.lo + i) = make_uint2(lw[0], lw[1]);
 }
-// dXp in 24 bits: v8, v10, v12, v16
-static bool dxp24(int ver) { return ver == 8 || ver == 10 || ver == 12 || ver == 16; }
+// dXp in 24 bits: v8, v10, v12, v16, v17
+static bool dxp24(int ver) { return ver == 8 || ver == 10 || ver == 12 || ver == 16 || ver == 17; }
 
 // v15's forward (kernels/hc.cuh's before v16; v3 is the same kernel at 8 warps, no minimum of
 // blocks): each value of Xn and u rounded to floatX alone, the norm weight loaded after the row's
@@ -1230,6 +1237,219 @@ static void hc_norm_read_update_backward_v12(G dXp_out, floatX *dout, float *dx0
             constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
             const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
             auto kernel = hc_norm_read_update_backward_v12_kernel<NS_, NPK_, G>;
+            if (smem > 48 * 1024) {
+                cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            }
+            kernel<<<P, 32 * HC_BWD_WARPS, smem>>>(dXp_out, dout, dx0, partial, gpart, dXp_in, du, rstd, g, X, w,
+                                                   Xprev, o, A, beta, N, C, rows, xb, xpb);
+        });
+    });
+    launchCheck();
+}
+
+// v16's backward (kernels/hc.cuh's before v17): each position's inputs loaded from global memory
+// when its pass needs them (pass 1: X_{j-1}, o, du, rstd; pass 2: dXp and X_{j-1} again)
+template <int NS, int NPK, typename G>
+__global__ void __launch_bounds__(32 * HC_BWD_WARPS, hc_bwd_min_blocks(NS, NPK))
+hc_norm_read_update_backward_v16_kernel(G dXp_out, floatX *dout, float *dx0, float *partial, float *gpart, G dXp_in,
+                                    const float *du, const float *rstd, const floatX *g,
+                                    const floatX *X, const float *w, const floatX *Xprev, const floatX *o,
+                                    const float *A, const float *beta, size_t N, int C, int rows_per_part, int xb,
+                                    int xpb) {
+    constexpr int NP = 2 * NS + NS * NS, PAIRS = HC_BWD_WARPS / 2;
+    extern __shared__ float hc_gsh[];   // (HC_BWD_WARPS, 256 NPK)
+    __shared__ float red[HC_BWD_WARPS][NP];
+    __shared__ float xch[2][PAIRS][2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, hf = warp % 2;
+    const int C0 = hc_bwd_half0(C), cb = hf * C0, Ch = hf ? C - C0 : C0;   // this warp's channels [cb, cb + Ch)
+    float *gsh = hc_gsh + (size_t)warp * 256 * NPK + lane;   // this lane's dg shares, stride 32
+    // KEEP (one pack a lane, C <= 512): g, the lane's dg shares and o stay in registers; wider
+    // rows would spill them, so there g is loaded and dg added in shared memory at every
+    // position, and o is loaded again in pass 2
+    constexpr bool KEEP = NPK == 1;
+    float a[NS][NS], b[NS], wr[NS], acc[NP], gf[NPK][8], dg[NPK][8];
+#pragma unroll
+    for (int r = 0; r < NS; r++) {
+        b[r] = Xprev ? beta[r] : 1.0f;
+        wr[r] = w[r];
+#pragma unroll
+        for (int s = 0; s < NS; s++) { a[r][s] = Xprev ? A[r * NS + s] : 0.0f; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = 0.0f; }
+    if constexpr (KEEP) {
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {   // the norm weight at this lane's channels (the same at every position)
+            const int lc = (lane + 32 * q) * 8;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { gf[q][k] = 0.0f; dg[q][k] = 0.0f; }
+            if (lc < Ch) { hc_load_g8(gf[q], g + cb + lc); }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = 0.0f; }
+    }
+    const size_t p0 = (size_t)blockIdx.x * rows_per_part, p1 = p0 + rows_per_part < N ? p0 + rows_per_part : N;
+    int par = 0;
+    for (size_t p = p0 + pair; p < p1; p += PAIRS, par ^= 1) {
+        const float s = rstd[p];
+        // pass 1: h = sum_r w[r] X_r (the forward's order), dug = du g, and the half row's sums
+        float h[NPK][8], dug[NPK][8], ov[NPK][8], gwx = 0.0f, P[NS], Q[NS];
+#pragma unroll
+        for (int r = 0; r < NS; r++) { P[r] = 0.0f; Q[r] = 0.0f; }
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
+#pragma unroll
+            for (int k = 0; k < 8; k++) { h[q][k] = 0.0f; dug[q][k] = 0.0f; }
+            if (lc >= Ch) { continue; }
+            float x[NS][8];
+            if (Xprev) {   // X_j = A_{j-1} X_{j-1} + beta_{j-1} o_{j-1}, the forward's bits (pass 2 reads Xprev again)
+                float xp[NS][8];
+#pragma unroll
+                for (int s2 = 0; s2 < NS; s2++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { xp[s2][k] = toF(v.x[k]); }
+                }
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[q][k] = toF(v.x[k]); }
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+#pragma unroll
+                    for (int k = 0; k < 8; k += 2) {
+                        x[r][k] = hc_update_at<NS>(a[r], b[r], xp, ov[q][k], k);
+                        x[r][k + 1] = hc_update_at<NS>(a[r], b[r], xp, ov[q][k + 1], k + 1);
+                        hc_round2(x[r][k], x[r][k + 1]);
+                    }
+                }
+            } else {   // site 0: X_0, the n equal streams of the embedding (xb), or stored streams
+#pragma unroll
+                for (int r = 0; r < NS; r++) {
+                    HcPackX v = *reinterpret_cast<const HcPackX *>(X + (xb ? p * C : (p * NS + r) * C) + c0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) { x[r][k] = toF(v.x[k]); }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NS; r++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { h[q][k] += wr[r] * x[r][k]; }
+            }
+            HcPackF d0 = *reinterpret_cast<const HcPackF *>(du + p * C + c0);
+            if constexpr (!KEEP) { hc_load_g8(gf[q], g + c0); }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {   // dg_j += du h s (std's order);  sum_c du g h;  du g . X_r, h . X_r
+                dug[q][k] = d0.x[k] * gf[q][k];
+                gwx += dug[q][k] * h[q][k];
+                if constexpr (KEEP) { dg[q][k] += d0.x[k] * h[q][k] * s; }
+                else { gsh[32 * (8 * q + k)] += d0.x[k] * h[q][k] * s; }
+#pragma unroll
+                for (int r = 0; r < NS; r++) { P[r] += dug[q][k] * x[r][k]; Q[r] += h[q][k] * x[r][k]; }
+            }
+        }
+        gwx = warp_sum(gwx);   // this half's sum, then the pair's: half 0's + half 1's
+        if (lane == 0) { xch[par][pair][hf] = gwx; }
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + pair), "r"(64) : "memory");
+        gwx = xch[par][pair][0] + xch[par][pair][1];
+        const float k3 = s * s * s / C * gwx;
+#pragma unroll
+        for (int r = 0; r < NS; r++) { acc[r] += s * P[r] - k3 * Q[r]; }   // dw[r] += dh . X_r
+        // pass 2: dh, then the read's and the update's backward
+#pragma unroll
+        for (int q = 0; q < NPK; q++) {
+            const int lc = (lane + 32 * q) * 8, c0 = cb + lc;
+            if (lc >= Ch) { continue; }
+            float d[NS][8];
+#pragma unroll
+            for (int r = 0; r < NS; r++) {   // dX_j = dXp + w dh,  dh = s du g - k3 h
+                float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (!hc_grad_null(dXp_in)) { hc_grad_load8(dv, dXp_in, (p * NS + r) * C + c0); }
+#pragma unroll
+                for (int k = 0; k < 8; k++) { d[r][k] = dv[k] + wr[r] * (s * dug[q][k] - k3 * h[q][k]); }
+            }
+            if (Xprev == NULL) {   // sublayer 0: the streams were copies of the embedding
+                HcPackF e = *reinterpret_cast<const HcPackF *>(dx0 + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { e.x[k] += d[r][k]; }
+                }
+                *reinterpret_cast<HcPackF *>(dx0 + p * C + c0) = e;
+                continue;
+            }
+            if constexpr (!KEEP) {
+                HcPackX v = *reinterpret_cast<const HcPackX *>(o + p * C + c0);
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ov[q][k] = toF(v.x[k]); }
+            }
+            HcPackX op;
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) {   // do = sum_r beta[r] dX_r;  dbeta[r] += dX_r . o
+                float t[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int k2 = 0; k2 < 2; k2++) {
+#pragma unroll
+                    for (int r = 0; r < NS; r++) {
+                        t[k2] += b[r] * d[r][k + k2];
+                        acc[NS + NS * NS + r] += d[r][k + k2] * ov[q][k + k2];
+                    }
+                }
+                hc_round2(t[0], t[1], op.x[k], op.x[k + 1]);
+            }
+            *reinterpret_cast<HcPackX *>(dout + p * C + c0) = op;
+#pragma unroll
+            for (int s2 = 0; s2 < NS; s2++) {   // dXp_{j-1},s = sum_r A[r,s] dX_r;  dA[r,s] += dX_r . Xprev_s
+                HcPackX xv = *reinterpret_cast<const HcPackX *>(Xprev + (xpb ? p * C : (p * NS + s2) * C) + c0);
+                float out[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    float xs = toF(xv.x[k]), v = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < NS; r++) { v += a[r][s2] * d[r][k]; acc[NS + r * NS + s2] += d[r][k] * xs; }
+                    out[k] = v;
+                }
+                hc_grad_store8(dXp_out, (p * NS + s2) * C + c0, out);
+            }
+        }
+    }
+    // the block's shares: the lanes' sums (fixed butterfly), then the warps in order
+    if constexpr (KEEP) {
+#pragma unroll
+        for (int i = 0; i < 8 * NPK; i++) { gsh[32 * i] = dg[i / 8][i % 8]; }
+    }
+#pragma unroll
+    for (int i = 0; i < NP; i++) { acc[i] = warp_sum(acc[i]); }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < NP; i++) { red[warp][i] = acc[i]; }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NP; i += blockDim.x) {
+        float t = 0.0f;
+        for (int k = 0; k < HC_BWD_WARPS; k++) { t += red[k][i]; }
+        partial[(size_t)blockIdx.x * NP + i] = t;
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {   // channel c: half c >= C0, held by the warps of that half
+        const int h2 = c >= C0, lc = c - h2 * C0, i = 32 * (8 * (lc / 256) + lc % 8) + lc / 8 % 32;
+        float t = 0.0f;
+        for (int k = h2; k < HC_BWD_WARPS; k += 2) { t += hc_gsh[(size_t)k * 256 * NPK + i]; }
+        gpart[(size_t)blockIdx.x * C + c] = t;
+    }
+}
+template <typename G>
+static void hc_norm_read_update_backward_v16(G dXp_out, floatX *dout, float *dx0, float *partial, G dXp_in,
+                                             const float *du, const float *rstd, const floatX *g, const floatX *X,
+                                             const float *w, const floatX *Xprev, const floatX *o, const float *A,
+                                             const float *beta, size_t N, int C, int n, int xb, int xpb) {
+    const int rows = hc_rows_per_part(N), P = (int)ceil_div(N, rows), NP = 2 * n + n * n;
+    float *gpart = partial + (size_t)P * NP;
+    hc_dispatch(n, [&](auto ns) {
+        hc_pack_dispatch(C, hc_bwd_half0(C), g, [&](auto npk) {
+            constexpr int NS_ = decltype(ns)::value, NPK_ = decltype(npk)::value;
+            const size_t smem = (size_t)HC_BWD_WARPS * 256 * NPK_ * sizeof(float);
+            auto kernel = hc_norm_read_update_backward_v16_kernel<NS_, NPK_, G>;
             if (smem > 48 * 1024) {
                 cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             }
@@ -1762,17 +1982,21 @@ static void dev_free(Dev &d) {
 }
 
 // v9, v10 and v12 (v12's kernel above; G: HcGradF32 for v9, HcGrad24v10 for v10, HcGrad24 for
-// v12), and v16 (kernels/hc.cuh, V16; G: HcGrad24), as one site's backward with v5's arguments:
+// v12), v16 and v17 (V = 16: the lab's copy; V = 17: kernels/hc.cuh; G: HcGrad24), as one site's
+// backward with v5's arguments:
 // the kernel, then its sums (hc_reduce_sites with one site; the trainer reduces all the sites of
 // a backward in one launch)
-template <bool V16 = false, typename G>
+template <int V = 12, typename G>
 static void hc_backward_v9(G dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                            float *dg, float *partial, G dXp_in, const float *du, const float *rstd, const floatX *g,
                            const floatX *X, const float *w, const floatX *Xprev, const floatX *o, const float *A,
                            const float *beta, size_t N, int C, int n, int xb, int xpb) {
-    if (V16) {
+    if (V == 17) {
         hc_norm_read_update_backward(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N, C,
                                      n, xb, xpb);
+    } else if (V == 16) {
+        hc_norm_read_update_backward_v16(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta,
+                                         N, C, n, xb, xpb);
     } else {
         hc_norm_read_update_backward_v12(dXp_out, dout, dx0, partial, dXp_in, du, rstd, g, X, w, Xprev, o, A, beta, N,
                                          C, n, xb, xpb);
@@ -1822,13 +2046,15 @@ static void run_bwd(int ver, const Shape &s, Dev &d) {
         hc_backward_v9(HcGrad24v10{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial,
                        HcGrad24v10{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev,
                        s.N, s.C, s.n, 0, 0);
-    } else if (ver == 12 || ver == 16) {   // v12: v10 packed by byte permutes; v16 (kernels/hc.cuh): v12, leaner
-        auto run = [&](auto v16) {
-            hc_backward_v9<decltype(v16)::value>(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta,
+    } else if (ver == 12 || ver == 16 || ver == 17) {   // v12: v10 by byte permutes; v16: v12, leaner; v17: staged
+        auto run = [&](auto v) {
+            hc_backward_v9<decltype(v)::value>(HcGrad24{d.dxh, d.dxl}, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta,
                                                  d.dg, d.partial, HcGrad24{d.dxh, d.dxl}, d.dh, d.rstd_in, d.g, NULL,
                                                  d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n, 0, 0);
         };
-        if (ver == 16) { run(std::true_type()); } else { run(std::false_type()); }
+        if (ver == 17) { run(std::integral_constant<int, 17>()); }
+        else if (ver == 16) { run(std::integral_constant<int, 16>()); }
+        else { run(std::integral_constant<int, 12>()); }
     } else if (ver == 5) {   // v5: X = NULL, X_j recomputed from Xprev and o
         hc_norm_read_update_backward_v5(d.dXp, d.dout, NULL, d.dw, d.dalpha, d.dA, d.dbeta, d.dg, d.partial, d.dXp,
                                         d.dh, d.rstd_in, d.g, NULL, d.w, d.Xprev, d.o, d.Aprev, d.bprev, s.N, s.C, s.n,
@@ -1933,8 +2159,8 @@ static bool check_op(bool fwd, int ver, uint64_t seed) {
         std::vector<unsigned char> first[7];
         // v5's backward runs after v3's on the same inputs (rep -1) and must give its bits; v6's,
         // v7's and v8's after v5's, likewise (v8's dXp: v5's rounded to 24 bits); v10's after v9's
-        // (its dXp: v9's rounded to 24 bits); v12's after v10's; v16's after v12's
-        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 12 ? 10 : ver == 16 ? 12 : 5;
+        // (its dXp: v9's rounded to 24 bits); v12's after v10's; v16's after v12's; v17's after v16's
+        const int base = ver == 5 ? 3 : ver == 10 ? 9 : ver == 12 ? 10 : ver == 16 ? 12 : ver == 17 ? 16 : 5;
         std::vector<unsigned char> v3bits[7];
         for (int rep = (!fwd && ver >= 5 && ver != 9) ? -1 : 0; rep < 2; rep++) {
             const int v = rep < 0 ? base : ver;
@@ -2118,7 +2344,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     bool ok = true;
     const Shape s = {300, 512, 4};
     Inputs in = make_inputs(s, seed + 99);
-    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10, v12, v16: 24-bit dXp, the reference's too
+    if (dxp24(ver)) { for (float &v : in.dXp) { v = round24(v); } }   // v10 and later: 24-bit dXp, the reference's too
     size_t NS = s.N * s.n * s.C, NC = s.N * s.C;
     int n = s.n;
     std::vector<float> x0, X0;
@@ -2130,7 +2356,7 @@ static bool check_edges_v3(uint64_t seed, int ver) {
     auto clear = [&]() { std::fill(dw.begin(), dw.end(), 0.0); std::fill(dA.begin(), dA.end(), 0.0);
                          std::fill(db.begin(), db.end(), 0.0); std::fill(dg.begin(), dg.end(), 0.0); };
     printf("edges v%d N=%zu C=%d n=%d:", ver, s.N, s.C, n);
-    const double t24 = dxp24(ver) ? 1.0 / 131072 : 0.0;   // v10, v12, v16 round dXp_out to 24 bits: 2^-17 of it
+    const double t24 = dxp24(ver) ? 1.0 / 131072 : 0.0;   // v10 and later round dXp_out to 24 bits: 2^-17
     auto backward = [&](float *dXp_out, floatX *dout, float *dx0, float *dw, float *dalpha, float *dA, float *dbeta,
                         float *dg, const float *dXp_in, const float *rstd, const floatX *X, const floatX *Xprev,
                         const floatX *o, const float *A, const float *beta, int xb, int xpb) {
@@ -2149,17 +2375,19 @@ static bool check_edges_v3(uint64_t seed, int ver) {
             hc_backward_v9(HcGradF32{dXp_out}, dout, dx0, dw, dalpha, dA, dbeta, dg, d.partial,
                            HcGradF32{(float *)dXp_in}, d.dh, rstd, d.g, Xprev ? NULL : X, d.w, Xprev, o, A, beta,
                            s.N, s.C, n, xb, xpb);
-        } else {   // v10, v12, v16: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
+        } else {   // v10, v12, v16, v17: dXp_in encoded into d.dxh, d.dxl, the kernel in place there, dXp_out decoded
             if (dXp_in) { hc24_encode_kernel<<<ceil_div(NS, 256), 256>>>(d.dxh, d.dxl, dXp_in, NS); launchCheck(); }
             auto run = [&](auto g24) {   // G: the version's storage type
                 decltype(g24) none = {};
-                auto call = [&](auto v16) {
-                    hc_backward_v9<decltype(v16)::value>(dXp_out ? g24 : none, dout, dx0, dw, dalpha, dA, dbeta, dg,
+                auto call = [&](auto v) {
+                    hc_backward_v9<decltype(v)::value>(dXp_out ? g24 : none, dout, dx0, dw, dalpha, dA, dbeta, dg,
                                                          d.partial, dXp_in ? g24 : none, d.dh, rstd, d.g,
                                                          Xprev ? NULL : X, d.w, Xprev, o, A, beta, s.N, s.C, n, xb,
                                                          xpb);
                 };
-                if (ver == 16) { call(std::true_type()); } else { call(std::false_type()); }
+                if (ver == 17) { call(std::integral_constant<int, 17>()); }
+                else if (ver == 16) { call(std::integral_constant<int, 16>()); }
+                else { call(std::integral_constant<int, 12>()); }
             };
             if (ver == 10) { run(HcGrad24v10{d.dxh, d.dxl}); } else { run(HcGrad24{d.dxh, d.dxl}); }
             if (dXp_out) { hc24_decode_kernel<<<ceil_div(NS, 256), 256>>>(dXp_out, d.dxh, d.dxl, NS); launchCheck(); }
@@ -2712,8 +2940,8 @@ int main(int argc, char **argv) {
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(); return 0; }
     if (do_chain) { return dxp_chain(seed); }
-    if (ver < 0 || ver == 4 || ver == 11 || ver == 13 || ver == 14 || ver > 16 || reps < 1) {
-        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15|16] [--check] [--bench]"
+    if (ver < 0 || ver == 4 || ver == 11 || ver == 13 || ver == 14 || ver > 17 || reps < 1) {
+        fprintf(stderr, "usage: hc [--op fwd|bwd] [--version 1|2|3|5|6|7|8|9|10|12|15|16|17] [--check] [--bench]"
                         " [--seed S] [--reps R];"
                         "  hc --all;  hc --cpu-selftest;  hc --bytes  (v4: commit 7959a47; v11: commit 634d014;"
                         " v13, v14: commit d267c89)\n");
@@ -2725,7 +2953,7 @@ int main(int argc, char **argv) {
     // v5 to v12 are backwards only (their forward is v3's), v15 a forward only; v16 both (its forward
     // is checked and timed with v15's variants: once, where both are run)
     std::vector<int> vers;
-    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15, 16}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
+    for (int v : {1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 15, 16, 17}) { if (ver == 0 || ver == v) { vers.push_back(v); } }
     auto fwd_variants = [&](int v) { return v == 16 || (v == 15 && ver == 15); };
     print_device(seed);
     bool ok = true;
@@ -2737,7 +2965,7 @@ int main(int argc, char **argv) {
         }
         if (ver == 0 || ver == 2) { ok &= check_edges_v2(seed); }
         if (ver == 0 || ver == 3) { ok &= check_edges_v3(seed, 3); }
-        for (int v : {5, 6, 7, 9, 10, 12, 16}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
+        for (int v : {5, 6, 7, 9, 10, 12, 16, 17}) { if (ver == 0 || ver == v) { ok &= check_edges_v3(seed, v); } }
         if (op_bwd && (ver == 0 || ver == 9)) { ok &= check_reduce_sites(seed); }
     }
     if (do_bench) {

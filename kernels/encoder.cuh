@@ -33,27 +33,26 @@ __global__ void encoder_backward_kernel(float *dwte, const float *dout, const in
     *d = acc;
 }
 
-int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 // The host's half of encoder_backward: the positions of inp (N, the host copy of the batch)
 // grouped by token, sorted by (token, position), into plan (3N+1 ints: order (N) | seg_start
-// (N+1) | seg_tok (N)). Returns the number of distinct tokens. The trainer runs it while the GPU
-// works and uploads plan in stream order, so the backward never waits on the host.
+// (N+1) | seg_tok (N)). Returns the number of distinct tokens. A counting sort by token (O(N + V)
+// for tokens below V; placing each token's positions in increasing order keeps them sorted):
+// the trainer runs it on the host after queueing the head's backward, and the GPU waits for
+// it wherever the host takes longer than that matmul (the loss's readback at the end of the
+// forward has drained the queue). It then uploads plan in stream order.
 int encoder_backward_plan(int *plan, const int *inp, size_t N) {
-    uint64_t *key = (uint64_t *)malloc_check(N * sizeof(uint64_t));
-    for (size_t n = 0; n < N; n++) { key[n] = (uint64_t)(uint32_t)inp[n] << 32 | (uint64_t)n; }
-    qsort(key, N, sizeof(uint64_t), cmp_u64);
-    int *order = plan, *seg_start = plan + N, *seg_tok = plan + 2 * N + 1, nseg = 0;
-    for (size_t k = 0; k < N; k++) {
-        order[k] = (int)(key[k] & 0xffffffffu);
-        int tok = (int)(key[k] >> 32);
-        if (k == 0 || tok != seg_tok[nseg - 1]) { seg_start[nseg] = (int)k; seg_tok[nseg++] = tok; }
+    int *order = plan, *seg_start = plan + N, *seg_tok = plan + 2 * N + 1, nseg = 0, vmax = 0;
+    for (size_t n = 0; n < N; n++) { vmax = inp[n] > vmax ? inp[n] : vmax; }
+    int *at = (int *)calloc((size_t)vmax + 2, sizeof(int));   // at[t]: where token t's positions start
+    if (at == NULL) { fprintf(stderr, "error: out of host memory (encoder plan)\n"); exit(1); }
+    for (size_t n = 0; n < N; n++) { at[inp[n] + 1]++; }
+    for (int t = 0; t <= vmax; t++) {
+        if (at[t + 1] > 0) { seg_start[nseg] = at[t]; seg_tok[nseg++] = t; }
+        at[t + 1] += at[t];
     }
     seg_start[nseg] = (int)N;
-    free(key);
+    for (size_t n = 0; n < N; n++) { order[at[inp[n]]++] = (int)n; }
+    free(at);
     return nseg;
 }
 

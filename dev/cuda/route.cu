@@ -146,6 +146,13 @@ Versions (NOTES_route.md has the byte counts and predictions):
       transposed in registers (movmatrix), no shuffles for the head sums. C = 512,
       heads of 32 or 64 channels, V17_MIN_NR (4) <= nr <= 32 (other slots: v12's
       gather). A persistent grid. --cpu-selftest emulates it lane by lane.
+  v18 v16 with the site kernel's rows staged (route_site_v18_kernel<C, H, SLOTS>,
+      2026-12-03): each warp copies its positions' dU and h rows into shared
+      memory by cp.async, one position ahead (SLOTS = 2, 3 blocks an SM as v3),
+      and computes from there (v3's arithmetic). --check also requires v16's
+      bits from the same forward.
+  v19 v18 with all four of a warp's positions copied at its start (SLOTS = 4,
+      96 KiB of stages a block at C = 512, 2 blocks an SM).
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -193,6 +200,9 @@ session 9, on the main stream (NOTES_route.md, "Session 9").
 v17 (session 10, no device lent): compiled, and emulated lane by lane on the host
 (--cpu-selftest: 8 shapes, two mutations caught); NOT YET RUN on a GPU.
 NOTES_route.md, "v17", has its cost model and the device command.
+v18, v19 (2026-12-03): --check PASS (8 configs each, v16's bits); --bench 100M full
+mode H=8, alternating twice: backward v16 7.322 / 7.312, v18 7.323 / 7.314, v19
+7.508 / 7.478 ms: no gain; not ported (NOTES_route.md, "v18, v19").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -205,6 +215,7 @@ NOTES_route.md, "v17", has its cost model and the device command.
 #include <vector>
 #include <array>
 #include <algorithm>
+#include <type_traits>
 #include "../../common/config.h"
 #define ROUTE_FWD_PLAN_ONLY   // the trainer's grouping planner only, no kernels
 #include "../../kernels/route_forward.cuh"
@@ -1840,14 +1851,16 @@ __device__ __forceinline__ void block_sum_store(float (&acc)[C / 256][8], float 
 // hv = h (as stored), S[ch] = G[h].h[h] of this lane's heads; adds dU * xhat to accg.
 template <int C, int H>
 __device__ __forceinline__ void norm_bwd_regs(float (&G)[C / 256][8], float (&S)[C / 256], float (&accg)[C / 256][8],
-                                              const float *dU, const bf16 *h, float rs, const float (&gw)[C / 256][8], int lane) {
+                                              const float *dU, const bf16 *h, float rs, const float (&gw)[C / 256][8], int lane,
+                                              bool h_shared = false) {
     constexpr int NCH = C / 256;
     float du[NCH][8], xh[NCH][8], md = 0.0f;
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         float hv[8];
         ld_f8(dU + ch * 256 + lane * 8, du[ch]);
-        unpack8(ld_raw(h + ch * 256 + lane * 8), hv);
+        const bf16 *hp = h + ch * 256 + lane * 8;   // v18, v19: a row staged in shared memory (no __ldg)
+        unpack8(h_shared ? *reinterpret_cast<const uint4 *>(hp) : ld_raw(hp), hv);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             xh[ch][k] = hv[k] * rs;
@@ -1989,6 +2002,66 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_site_v3_kernel(bf
             if (head_first<C, H>(ch, lane)) { Sout[(size_t)t * H + head_of<C, H>(ch, lane)] = S[ch]; }
         }
     }
+    block_sum_store<C>(accg, red, part_dg + (size_t)blockIdx.x * C);
+}
+
+// Site j (v18, v19): v3's site kernel with each warp's rows of dU and h staged in shared memory
+// by cp.async, SLOTS positions at a time (a ring: position pp + SLOTS - 1 is copied while pp is
+// computed). v18: SLOTS = 2, one position ahead, 3 blocks an SM as v3; v19: SLOTS = 4, all four of
+// a warp's positions copied at its start, 2 blocks an SM (96 KiB of stages a block at C = 512).
+// A lane reads back only the channels it copied, so cp.async.wait_group alone orders the two.
+// The same arithmetic as v3 (norm_bwd_regs): the same bits.
+template <int C> __host__ __device__ constexpr size_t site_stage_bytes() { return (size_t)C * (sizeof(float) + sizeof(bf16)); }
+template <int C, int H, int SLOTS>
+__global__ void __launch_bounds__(256, SLOTS == 4 ? 2 : (C <= 512 ? 3 : 1))
+route_site_v18_kernel(bf16 *Gout, float *Sout, float *part_dg, const float *__restrict__ dU,
+                      const bf16 *__restrict__ hbuf, const float *__restrict__ rstd, const float *__restrict__ g, int N) {
+    constexpr int NCH = Geo<C, H>::NCH, PP = POS_PER_BLOCK / 8;
+    constexpr size_t ROW = site_stage_bytes<C>();   // a position's dU (C fp32), then its h (C bf16)
+    extern __shared__ __align__(16) unsigned char site_stages[];
+    __shared__ __align__(16) float red[8][C];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    unsigned char *mine = site_stages + (size_t)w * SLOTS * ROW;
+    auto issue = [&](int pp) {   // position pp of this warp into its slot (an empty group past the last)
+        const int t = blockIdx.x * POS_PER_BLOCK + pp * 8 + w;
+        if (pp < PP && t < N) {
+            float *sd = reinterpret_cast<float *>(mine + (pp % SLOTS) * ROW);
+            bf16 *sh = reinterpret_cast<bf16 *>(mine + (pp % SLOTS) * ROW + C * sizeof(float));
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+                const int c0 = ch * 256 + lane * 8;
+                cp_async16(sd + c0, dU + (size_t)t * C + c0);
+                cp_async16(sd + c0 + 4, dU + (size_t)t * C + c0 + 4);
+                cp_async16(sh + c0, hbuf + (size_t)t * C + c0);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int pp = 0; pp < SLOTS - 1; pp++) { issue(pp); }
+    float gw[NCH][8], accg[NCH][8];
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        ld_f8(g + ch * 256 + lane * 8, gw[ch]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { accg[ch][k] = 0.0f; }
+    }
+    for (int pp = 0; pp < PP; pp++) {
+        issue(pp + SLOTS - 1);   // into the slot of position pp - 1, done
+        cp_async_wait<SLOTS - 1>();   // position pp's group is complete
+        const int t = blockIdx.x * POS_PER_BLOCK + pp * 8 + w;
+        if (t >= N) { continue; }
+        const unsigned char *st = mine + (pp % SLOTS) * ROW;
+        float G[NCH][8], S[NCH];
+        norm_bwd_regs<C, H>(G, S, accg, reinterpret_cast<const float *>(st),
+                            reinterpret_cast<const bf16 *>(st + C * sizeof(float)), rstd[t], gw, lane, true);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            st_bf8(Gout + (size_t)t * C + ch * 256 + lane * 8, G[ch]);
+            if (head_first<C, H>(ch, lane)) { Sout[(size_t)t * H + head_of<C, H>(ch, lane)] = S[ch]; }
+        }
+    }
+    cp_async_wait<0>();
     block_sum_store<C>(accg, red, part_dg + (size_t)blockIdx.x * C);
 }
 
@@ -4860,6 +4933,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*fwd2)(const Prob &, const Dev &, int j, bool want_a, bool ring);
     void (*bwd2)(const Prob &, const Dev &, int j);
     void (*site3)(const Prob &, const Dev &, int j);
+    void (*site18)(const Prob &, const Dev &, int j, int ver);
     void (*gather3)(const Prob &, const Dev &, int k);
     void (*gather45)(const Prob &, const Dev &, int k, int ver);
     void (*gather7)(const Prob &, const Dev &, int k);
@@ -4901,6 +4975,20 @@ template <int C, int H> struct Impl {
         route_site_v3_kernel<C, H><<<cdiv(N, POS_PER_BLOCK), 256>>>(d.Gb + j * N * C, d.Sb + j * N * H, d.part_dg,
                                                                     d.dU + j * N * C, d.h + j * N * C, d.rstd + j * N,
                                                                     d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void site18(const Prob &P, const Dev &d, int j, int ver) {   // v18: 2 slots a warp, v19: 4
+        const size_t N = P.N;
+        auto run = [&](auto slots) {
+            constexpr int SL = decltype(slots)::value;
+            constexpr size_t smem = 8 * SL * site_stage_bytes<C>();
+            auto kernel = route_site_v18_kernel<C, H, SL>;
+            CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            kernel<<<cdiv(N, POS_PER_BLOCK), 256, smem>>>(d.Gb + j * N * C, d.Sb + j * N * H, d.part_dg,
+                                                          d.dU + j * N * C, d.h + j * N * C, d.rstd + j * N,
+                                                          d.g + j * C, P.N);
+        };
+        if (ver == 19) { run(std::integral_constant<int, 4>()); } else { run(std::integral_constant<int, 2>()); }
         LAUNCH_CHECK();
     }
     static void gather3(const Prob &P, const Dev &d, int k) {
@@ -5062,7 +5150,7 @@ template <int C, int H> struct Impl {
             return false;
         }
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, gather3, gather45, gather7, fwd13, fwd14, gather15, gather17}; }
+    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, site18, gather3, gather45, gather7, fwd13, fwd14, gather15, gather17}; }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -5254,8 +5342,8 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             LAUNCH_CHECK();
             reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
             LAUNCH_CHECK();
-        } else if (ver >= 4) {   // v3's site kernel; the trainer's gather and q/gamma pass
-            ks.site3(P, d, j);
+        } else if (ver >= 4) {   // v3's site kernel (v18, v19: staged); the trainer's gather and q/gamma pass
+            if (ver >= 18) { ks.site18(P, d, j, ver); } else { ks.site3(P, d, j); }
             reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
             LAUNCH_CHECK();
             const int k = j;
@@ -5366,6 +5454,20 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
                                         fetch(d.a, (size_t)P.P * NN * H), fetch(d.lse, J * NN * H),
                                         fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                         fetch(d.dg, J * C)};
+    // v18, v19: v16's backward from the same forward must give the same bits (they differ from it
+    // only in how the site kernel loads its rows)
+    bool same16 = true;
+    if (ver >= 18) {
+        poison11();
+        CK(cudaMemset(d.dslots, 0xFF, J * NN * C * 4)); CK(cudaMemset(d.dq, 0xFF, J * C * 4));
+        CK(cudaMemset(d.dgamma, 0xFF, J * C * 4)); CK(cudaMemset(d.dg, 0xFF, J * C * 4));
+        run_backward(16, P, d, ks);
+        CK(cudaDeviceSynchronize());
+        std::vector<double> b16[4] = {fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
+                                      fetch(d.dg, J * C)};
+        for (int o = 0; o < 4; o++) { same16 = same16 && memcmp(b16[o].data(), got[O_DSLOTS + o].data(), b16[o].size() * 8) == 0; }
+        printf("v%d against v16's backward: %s\n", ver, same16 ? "bit-identical" : "DIFFERENT (FAIL)");
+    }
     // v7: the backward again, from the same forward: the gradients must repeat bit for bit.
     // v11: the same, with its q/gamma pass copying v by plain loads (the fallback for rows not in
     // 16-byte chunks, never taken at the lab's shapes): same sums, so bit for bit too
@@ -5400,7 +5502,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         }
     }
     dev_free(d);
-    bool ok = (ver < 5 || xerr == 0.0) && same;
+    bool ok = (ver < 5 || xerr == 0.0) && same && same16;
     if (ver >= 5) { printf("v%d dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", ver, xerr, xerr == 0.0 ? "" : " (FAIL)"); }
     printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
     for (int o = 0; o < NUM_OUT; o++) {
@@ -5530,7 +5632,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 17; ver++) {
+    for (int ver = 1; ver <= 19; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -5607,8 +5709,8 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 17 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..17) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= 19 && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..19) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
         return 1;
     }
     int ndev = 0;
@@ -5617,7 +5719,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 17 : std::max(ver, std::min(vmax, 17));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? 19 : std::max(ver, std::min(vmax, 19));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -49,9 +49,10 @@
 // Lab: dev/cuda/hc.cu v16 (the forward: v15, v3 at 24 warps an SM, its bf16 roundings in pairs)
 // and v17 (the backward: v16's, whose inputs a lane stages in shared memory one position ahead
 // where it holds one pack; v16: v12, dXp in 24 bits packed by byte permutes, with its bf16
-// roundings in pairs and fewer loads; v9 is v12 with dXp in fp32; v1 there: one thread per element, unfused; v2: the fused
-// streams with the norm outside, h stored; v3: X_j read, not recomputed; v5: a warp a position;
-// v8: v5 with the 24 bits; v10: v12 packed with shifts and masks).
+// roundings in pairs and fewer loads; v9 is v12 with dXp in fp32; v1 there: one thread per
+// element, unfused; v2: the fused streams with the norm outside, h stored; v3: X_j read, not
+// recomputed; v5: a warp a position; v8: v5 with the 24 bits; v10: v12 packed with shifts and
+// masks).
 //
 // Include after: floatX, toF/fromF, warp_sum, ceil_div, cudaCheck, launchCheck (the trainer's and
 // the labs' helpers).
@@ -298,6 +299,13 @@ __device__ __forceinline__ void hc_cp_async(void *smem, const void *gmem, std::i
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
                  "l"(gmem) : "memory");
 }
+// this lane's slot in a stage b: of 16-byte row i, and of the 8-byte row r of dXp's lo words
+template <typename B> __device__ __forceinline__ B *hc_slot16(B *b, int i, int lane) {
+    return b + (32 * i + lane) * 16;
+}
+template <int NS, typename B> __device__ __forceinline__ B *hc_slot_lo(B *b, int r, int lane) {
+    return b + 512 * (2 * NS + 3) + (32 * r + lane) * 8;
+}
 // position p's inputs at channels c0 .. c0 + 7 into stage b (this lane's slots; asynchronous)
 template <int NS>
 __device__ __forceinline__ void hc_stage_position(unsigned char *b, int lane, size_t p, int C, int c0,
@@ -306,23 +314,22 @@ __device__ __forceinline__ void hc_stage_position(unsigned char *b, int lane, si
     using B16 = std::integral_constant<int, 16>;
 #pragma unroll
     for (int s = 0; s < NS; s++) {
-        hc_cp_async(b + (32 * s + lane) * 16, Xs + (xsb ? p * C : (p * NS + s) * C) + c0, B16());
+        hc_cp_async(hc_slot16(b, s, lane), Xs + (xsb ? p * C : (p * NS + s) * C) + c0, B16());
     }
-    if (o) { hc_cp_async(b + (32 * NS + lane) * 16, o + p * C + c0, B16()); }
-    hc_cp_async(b + (32 * (NS + 1) + lane) * 16, du + p * C + c0, B16());
-    hc_cp_async(b + (32 * (NS + 2) + lane) * 16, du + p * C + c0 + 4, B16());
+    if (o) { hc_cp_async(hc_slot16(b, NS, lane), o + p * C + c0, B16()); }
+    hc_cp_async(hc_slot16(b, NS + 1, lane), du + p * C + c0, B16());
+    hc_cp_async(hc_slot16(b, NS + 2, lane), du + p * C + c0 + 4, B16());
     if (dXp.hi) {
 #pragma unroll
         for (int r = 0; r < NS; r++) {
-            hc_cp_async(b + (32 * (NS + 3 + r) + lane) * 16, dXp.hi + (p * NS + r) * C + c0, B16());
-            hc_cp_async(b + 512 * (2 * NS + 3) + (32 * r + lane) * 8, dXp.lo + (p * NS + r) * C + c0,
-                        std::integral_constant<int, 8>());
+            hc_cp_async(hc_slot16(b, NS + 3 + r, lane), dXp.hi + (p * NS + r) * C + c0, B16());
+            hc_cp_async(hc_slot_lo<NS>(b, r, lane), dXp.lo + (p * NS + r) * C + c0, std::integral_constant<int, 8>());
         }
     }
 }
 // this lane's slot of row i of a stage, as a T
 template <typename T> __device__ __forceinline__ const T &hc_stage_at(const unsigned char *b, int i, int lane) {
-    return *reinterpret_cast<const T *>(b + (32 * i + lane) * 16);
+    return *reinterpret_cast<const T *>(hc_slot16(b, i, lane));
 }
 
 // Backward of the norm and the read of sublayer j and of the update of sublayer j-1 (top of
@@ -522,8 +529,7 @@ hc_norm_read_update_backward_kernel(G dXp_out, floatX *dout, float *dx0, float *
                 float dv[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                 if constexpr (STAGE) {
                     if (!hc_grad_null(dXp_in)) {
-                        const unsigned char *lo = cur + 512 * (2 * NS + 3) + (32 * r + lane) * 8;
-                        const uint2 lv = *reinterpret_cast<const uint2 *>(lo);
+                        const uint2 lv = *reinterpret_cast<const uint2 *>(hc_slot_lo<NS>(cur, r, lane));
                         hc_grad24_unpack8(dv, hc_stage_at<uint4>(cur, NS + 3 + r, lane), lv);
                     }
                 } else if (!hc_grad_null(dXp_in)) {

@@ -11,6 +11,13 @@
 //    the CUDA cores. route_param_backward adds qv into dq and dgamma per site.
 #pragma once
 
+// ld_f (kernels/common.cuh) without its bounds test, for lanes known to be live
+template <int VEC> __device__ __forceinline__ void ld_f_live(float (&x)[VEC], const float *p) {
+    const PackedF<VEC> v = *reinterpret_cast<const PackedF<VEC> *>(p);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { x[k] = v.x[k]; }
+}
+
 // The lean gather's 32-bit element indices (lab v12's scheme), shared with the
 // host check route_gather_index_check. Per lane, once: its first channel in row t
 // of a (., N, C) array (the row's start when the lane is past C in every chunk,
@@ -178,7 +185,11 @@ __host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
 // prefetched when the row is issued; v packed behind an empty asm, unpacked per reader.
 // Fallback (lab v8): G rows through the ring (bf16, VEC = 8) or one reader ahead in
 // registers, lse and S prefetched into L1, 64-bit addresses, v_k unpacked once.
-template <int VEC, int NCH, int SEG, bool LEAN>
+// FULL (LEAN, C = NCH 32 VEC: every lane's packs are live): C is a compile-time constant
+// and the tests for lanes past C fold away, as in the lab's kernels (templated on C);
+// at C = 512 they were about a tenth of the reader loop's instructions (predicated qg
+// loads with their zero fills, the copies' sizes, the branches around the stores).
+template <int VEC, int NCH, int SEG, bool LEAN, bool FULL>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
                            const float *__restrict__ rk, const floatX *__restrict__ Gall,
@@ -188,9 +199,10 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
     constexpr int W = 32 * VEC;
     constexpr bool RING = route_ring<VEC>();
     static_assert(!LEAN || RING, "the lean gather needs the row ring (bf16, VEC = 8)");
+    static_assert(!FULL || LEAN, "FULL is a case of the lean gather");
     const int lane = threadIdx.x % 32, t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= N) { return; }
-    const int C = geo.C, H = geo.H;
+    const int C = FULL ? NCH * W : geo.C, H = geo.H;
     int hd[NCH];
     bool first[NCH];
     lane_heads<VEC, NCH, SEG>(hd, first, lane, geo);
@@ -245,8 +257,9 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         const unsigned g = glean_add(gl, j, NC);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            cp_async16z(sg + (st * NCH + ch) * 32 * 16, Gall + (g + glean_chunk(ch, lane, C, VEC)),
-                        live && glean_live(ch, lane, C, VEC) ? 16u : 0u);
+            cp_async16z(sg + (st * NCH + ch) * 32 * 16,
+                        Gall + (g + (FULL ? (unsigned)(ch * W) : glean_chunk(ch, lane, C, VEC))),
+                        live && (FULL || glean_live(ch, lane, C, VEC)) ? 16u : 0u);
         }
         if (live && lane < 2) { prefetch_l1((lane ? Sall : lseall) + glean_add(lsb, j, NH)); }   // into L1
         cp_async_commit();
@@ -304,7 +317,8 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         for (int ch = 0; ch < NCH; ch++) {
             float pd = 0.0f, ed = 0.0f;
             unpack(Gp[ch], G[ch]);
-            if constexpr (LEAN) { ld_f(qv[ch], qgj, ch * W, C - lane * VEC); }
+            if constexpr (FULL) { ld_f_live(qv[ch], qgj + ch * W); }
+            else if constexpr (LEAN) { ld_f(qv[ch], qgj, ch * W, C - lane * VEC); }
             else { ld_f(qv[ch], qgj, ch * W + lane * VEC, C); }
 #pragma unroll
             for (int k = 0; k < VEC; k++) { pd += G[ch][k] * vf[ch][k]; ed += qv[ch][k] * vf[ch][k]; }
@@ -315,7 +329,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
             const int c0 = ch * W + lane * VEC;
-            if (c0 >= C) { continue; }
+            if (!FULL && c0 >= C) { continue; }
             // out = sum_i a v_i, a = softmax(s): ds = a (p - S);  s = r e
             // a = exp(r e - lse), as 2^((r e - lse) log2 e): one MUFU.EX2 and a multiply
             const float av = exp2f(fmaf(rl, e[ch], -lsej[hd[ch]] * ROUTE_LOG2E));
@@ -339,7 +353,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
 #pragma unroll
     for (int ch = 0; ch < NCH; ch++) {
         const int c0 = ch * W + lane * VEC;
-        if (c0 >= C) { continue; }
+        if (!FULL && c0 >= C) { continue; }
 #pragma unroll
         for (int k = 0; k < VEC; k++) { dv[ch][k] -= k3 * vf[ch][k]; }
         if (chain) {   // slot k+1 = out_k + slot k: the pass-through
@@ -646,15 +660,15 @@ static unsigned route_slot_param_tc(float *part, const float *dsr, const floatX 
     return P;
 }
 
-// Launches route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, raising its shared-memory limit once
-template <int VEC, int NCH, int SEG, bool LEAN>
+// Launches route_slot_backward_kernel<VEC, NCH, SEG, LEAN, FULL>, raising its shared-memory limit once
+template <int VEC, int NCH, int SEG, bool LEAN, bool FULL = false>
 static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r,
                                        const floatX *G, const float *S, const float *lse, const int *readers, int nr,
                                        const float *qg, int chain, int keep32, size_t N, const RouteGeo &geo) {
     constexpr size_t smem = route_ring_smem<VEC, NCH>();   // both paths: the ring of G rows only
     static bool limit_set = false;
-    route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG, LEAN>, smem, limit_set);
-    route_slot_backward_kernel<VEC, NCH, SEG, LEAN><<<ceil_div(N, 8), 256, smem>>>(
+    route_smem_limit(route_slot_backward_kernel<VEC, NCH, SEG, LEAN, FULL>, smem, limit_set);
+    route_slot_backward_kernel<VEC, NCH, SEG, LEAN, FULL><<<ceil_div(N, 8), 256, smem>>>(
         dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg, chain, keep32, (int)N, (unsigned)(N * geo.C),
         (unsigned)(N * geo.H), geo);
 }
@@ -664,17 +678,22 @@ static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr,
 // when keep32 (adding the dslot_{k+1} it holds when chain), its floatX copy dslotX (N, C)
 // unless NULL, and dsr (N, H, nrp): ds r of each of the nr readers, for route_slot_qgamma.
 // v (N, C) and r (N) are slot k's; readers (nr) are the sites that read it (device). The
-// gather takes its lean path where route_gather_lean holds (per slot: two compiled
-// instances); both paths compute the same sums in the same order.
+// gather takes its lean path where route_gather_lean holds (per slot; its FULL instance
+// where C = NCH 32 VEC); every path computes the same sums in the same order.
 void route_slot_backward(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r, const floatX *G,
                          const float *S, const float *lse, const int *readers, int nr, const float *qg, int chain,
                          int keep32, size_t N, size_t J, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         if constexpr (route_ring<VEC>()) {
-            if (route_gather_lean(geo, nr, N, J)) {
-                route_slot_backward_launch<VEC, NCH, SEG, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr, qg,
-                                                                chain, keep32, N, geo);
+            if (route_gather_lean(geo, nr, N, J)) {   // FULL where every lane's packs are live
+                if (geo.C == NCH * 32 * VEC) {
+                    route_slot_backward_launch<VEC, NCH, SEG, true, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers,
+                                                                          nr, qg, chain, keep32, N, geo);
+                } else {
+                    route_slot_backward_launch<VEC, NCH, SEG, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr,
+                                                                    qg, chain, keep32, N, geo);
+                }
                 return;
             }
         }

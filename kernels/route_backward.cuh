@@ -186,9 +186,9 @@ __host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
 // Fallback (lab v8): G rows through the ring (bf16, VEC = 8) or one reader ahead in
 // registers, lse and S prefetched into L1, 64-bit addresses, v_k unpacked once.
 // FULL (LEAN, C = NCH 32 VEC: every lane's packs are live): C is a compile-time constant
-// and the tests for lanes past C fold away, as in the lab's kernels (templated on C);
-// at C = 512 they were about a tenth of the reader loop's instructions (predicated qg
-// loads with their zero fills, the copies' sizes, the branches around the stores).
+// and the tests for lanes past C fold away, as in the lab's kernels (templated on C):
+// the predicated qg loads with their zero fills, the copies' sizes and chunk offsets,
+// the branches around the stores (NOTES_route.md, "The lean gather's FULL instance").
 template <int VEC, int NCH, int SEG, bool LEAN, bool FULL>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,

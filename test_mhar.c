@@ -1455,7 +1455,8 @@ static void check_gpu(void) {
     // bf16: the tiny configs (HD = 8) run simple attention and the per-pair QK-norm, C = 32
     // the CUDA-core q/gamma pass, "mhar H=8" (heads of 4 channels: VEC = 1) the routing
     // forward and gather fallbacks; the flash and layout configs the fast kernels (the
-    // forward grouped wherever allowed: gpu_api.h's create); "C=2048 H=8" (C > 1024) the
+    // forward grouped wherever allowed: gpu_api.h's create; "C=384 H=3" their generic instances, with
+    // lanes past C, where the others run the slot gather's FULL one); "C=2048 H=8" (C > 1024) the
     // forward fallback with its row ring, "C=256 L=17" (slots read by 33 to 35 sites) the
     // gather fallback with its row ring. The hc cases run kernels/hc.cuh (one kernel for every
     // precision and shape): at C = 32 four lanes of each warp hold a pack, at C = 512 every lane
@@ -1475,6 +1476,7 @@ static void check_gpu(void) {
         {"C=512 H=4", gpu_layout_config(512, 4), 0, 2, 0, 0},     // heads of 128 channels (the study's H=4)
         {"C=512 H=16", gpu_layout_config(512, 16), 0, 2, 0, 0},   // heads of 32 channels (H=16)
         {"C=1024 H=1", gpu_layout_config(1024, 1), 0, 2, 0, 0},
+        {"C=384 H=3", gpu_layout_config(384, 3), 0, 2, 0, 0},     // lanes past C in the second chunk
         {"C=2048 H=8", gpu_layout_config(2048, 8), 0, 2, 0, 0},
         {"hc C=512 n=4", gpu_hc_config(gpu_layout_config(512, 1), 4), 0, 2, 0, 0},   // the 100M width
         // 34 sublayers of gpu_test_params' N(0, 0.1^2) matrices amplify any perturbation:

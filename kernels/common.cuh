@@ -343,12 +343,16 @@ template <int VEC> __device__ __forceinline__ void ld_param(float (&x)[VEC], con
         else { x[k] = 0.0f; }
     }
 }
-// fp32: x = p[c0 .. c0+VEC) (zeros when c0 >= C); and the store
+// fp32: x = p[0 .. VEC), for lanes known to be live; ld_f: x = p[c0 .. c0+VEC) (zeros when
+// c0 >= C); and the store
+template <int VEC> __device__ __forceinline__ void ld_f_live(float (&x)[VEC], const float *p) {
+    const PackedF<VEC> v = *reinterpret_cast<const PackedF<VEC> *>(p);
+#pragma unroll
+    for (int k = 0; k < VEC; k++) { x[k] = v.x[k]; }
+}
 template <int VEC> __device__ __forceinline__ void ld_f(float (&x)[VEC], const float *p, int c0, int C) {
     if (c0 < C) {
-        PackedF<VEC> v = *reinterpret_cast<const PackedF<VEC> *>(p + c0);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) { x[k] = v.x[k]; }
+        ld_f_live(x, p + c0);
     } else {
 #pragma unroll
         for (int k = 0; k < VEC; k++) { x[k] = 0.0f; }

@@ -11,13 +11,6 @@
 //    the CUDA cores. route_param_backward adds qv into dq and dgamma per site.
 #pragma once
 
-// ld_f (kernels/common.cuh) without its bounds test, for lanes known to be live
-template <int VEC> __device__ __forceinline__ void ld_f_live(float (&x)[VEC], const float *p) {
-    const PackedF<VEC> v = *reinterpret_cast<const PackedF<VEC> *>(p);
-#pragma unroll
-    for (int k = 0; k < VEC; k++) { x[k] = v.x[k]; }
-}
-
 // The lean gather's 32-bit element indices (lab v12's scheme), shared with the
 // host check route_gather_index_check. Per lane, once: its first channel in row t
 // of a (., N, C) array (the row's start when the lane is past C in every chunk,

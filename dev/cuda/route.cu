@@ -233,6 +233,8 @@ ported (NOTES_route.md, "v20").
 #define ROUTE_FWD_PLAN_ONLY   // the trainer's grouping planner only, no kernels
 #include "../../kernels/route_forward.cuh"
 
+#define LAB_VMAX 20   // the last version (--all, --vmax, --bytes, the usage line)
+
 typedef __nv_bfloat16 bf16;
 
 // ----------------------------------------------------------------------------
@@ -5532,9 +5534,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             }
             const unsigned np = cdiv(N, PART_ROWS45);
             const float *dsr = d.dsr;
-            if (ver == 20) {
-                // gathered above
-            } else if (ver == 7) {
+            if (ver == 7) {
                 ks.gather7(P, d, k);
                 if (P.v7_hi[k] >= 0) { dsr = d.dsr7; }   // a lo slot: its readers' ds r are in the second buffer
             } else if (ver == 15) {
@@ -5542,7 +5542,7 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             } else if (ver == 17) {   // v17 where it fits, else v12's gather
                 if (ks.gather17(P, d, k)) { v17_ran++; }
                 else { v17_fell++; ks.gather45(P, d, k, ver); }
-            } else {
+            } else if (ver != 20) {   // (v20 gathered above)
                 ks.gather45(P, d, k, ver);
             }
             run_param_pass(ver, P, d, k, dsr);
@@ -5827,7 +5827,7 @@ static void print_bytes(int L, int S, int C, int H, int N) {
     Prob P = make_prob(L, S, C, H, N);
     printf("bytes, L=%d S=%d C=%d H=%d N=%d: %d sites, %d (site, source) pairs; naive source reads %.0f B/token\n",
            L, S, C, H, N, P.J, P.P, (double)P.P * C * 2);
-    for (int ver = 1; ver <= 20; ver++) {
+    for (int ver = 1; ver <= LAB_VMAX; ver++) {
         Bytes b = count_bytes(P, ver);
         printf("  v%d  fwd %8.0f B/token %6.2f GB/step (%.2f ms at 4.0, %.2f at 4.3, %.2f at 4.8 TB/s)"
                "   bwd %8.0f B/token %6.2f GB/step (%.2f / %.2f / %.2f ms)\n",
@@ -5904,8 +5904,9 @@ int main(int argc, char **argv) {
     }
     if (do_self) { return cpu_selftest(seed); }
     if (do_bytes) { print_bytes(L, S, C, H, N); return 0; }
-    if (!do_all && !(ver >= 1 && ver <= 20 && (do_check || do_bench))) {
-        fprintf(stderr, "usage: route --version N (1..20) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n");
+    if (!do_all && !(ver >= 1 && ver <= LAB_VMAX && (do_check || do_bench))) {
+        fprintf(stderr, "usage: route --version N (1..%d) --check | --bench;  route --all;  route --cpu-selftest;  route --bytes\n",
+                LAB_VMAX);
         return 1;
     }
     int ndev = 0;
@@ -5914,7 +5915,7 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB; seed %llu\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
            (unsigned long long)seed);
-    int v0 = do_all ? 1 : ver, v1 = do_all ? 20 : std::max(ver, std::min(vmax, 20));
+    int v0 = do_all ? 1 : ver, v1 = do_all ? LAB_VMAX : std::max(ver, std::min(vmax, LAB_VMAX));
     bool ok = true;
     if (do_all || do_check) {
         for (int v = v0; v <= v1; v++) { ok &= check_version(v, seed); }

@@ -400,6 +400,10 @@ void model_build(Model *m, const Config *cfg, uint64_t seed, float init_std) {
     for (int j = 0; j < J; j++) {
         m->site_n[j] = site_sources(cfg, j, src + (size_t)j * NS);
         m->pair_off[j + 1] = m->pair_off[j] + m->site_n[j];
+        // mhar: site j's last source is slot j, new to it (site_forward's fresh = j)
+        if (cfg->mode == RES_MHAR && src[(size_t)j * NS + m->site_n[j] - 1] != j) {
+            die("internal: routing site %d's last source is not slot %d", j, j);
+        }
     }
     cudaCheck(cudaMalloc(&m->site_src, (size_t)J * NS * sizeof(int)));
     cudaCheck(cudaMemcpy(m->site_src, src, (size_t)J * NS * sizeof(int), cudaMemcpyHostToDevice));
@@ -703,7 +707,7 @@ void delta_site_forward(Model *m, int j, size_t N, const floatX *w) {
     source_stat_forward(a->slot_r + J * N, SLOT(J), N, c->C);
     RoutePartials none = {NULL, NULL};
     route_forward(u, rstd, mix, a->route_lse + (size_t)j * N * H, a->slots, a->slot_r, SITE_SRC(j), m->site_n[j],
-                  a->route_qg + (size_t)j * C, w, N, m->route_geo, 0, none, none);
+                  a->route_qg + (size_t)j * C, w, N, m->route_geo, 0, none, none, -1);
     op_range("fwd delta: gate + norm");
     if (j == 0) {
         residual_norm_gated_forward(a->gate, NULL, rstd, SLOT(0), mix, NULL, alpha, N, c->C);
@@ -718,7 +722,9 @@ void delta_site_forward(Model *m, int j, size_t N, const floatX *w) {
 // residual stream x_j = slot j; site 0 normalises the embedding here, and each
 // later site's norm was computed with its slot by residual_norm_forward. mhar:
 // h_j = route_j over the slots of site j's sources, and route_forward applies
-// the norm in the same kernel (keeping h_j and lse_j for backward). hc: h_j
+// the norm in the same kernel (keeping h_j and lse_j for backward). Site j's last
+// source is slot j, which no earlier site reads (site_sources): where no chained
+// add wrote it with its r (model_forward), route_forward computes its r (fresh = j). hc: h_j
 // = hc_read of the streams X_j with w_j = softmax(alpha_j) (hc_prepare made the
 // weights of every site, as the CPU's hc_weights_forward), and its norm in the same
 // kernel (h_j not kept): site 0 reads X_0 = hc_expand(slot 0) here, straight from
@@ -758,7 +764,8 @@ floatX *site_forward(Model *m, int j, size_t N, const floatX *w) {
         n0 = m->site_n[lead];
     }
     route_forward(u, rstd, a->h + (size_t)j * N * C, a->route_lse + (size_t)j * N * H, a->slots, a->slot_r,
-                  SITE_SRC(j) + n0, m->site_n[j] - n0, a->route_qg + (size_t)j * C, w, N, m->route_geo, kx, out, in);
+                  SITE_SRC(j) + n0, m->site_n[j] - n0, a->route_qg + (size_t)j * C, w, N, m->route_geo, kx, out, in,
+                  j == 0 || !slot_chains(c, j - 1) ? j : -1);
     return u;
 }
 
@@ -926,10 +933,8 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
-    if (mhar || delta) {
-        route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C);
-        source_stat_forward(a->slot_r, SLOT(0), N, c->C);   // v_0 = b_0 = x_0
-    }
+    if (mhar || delta) { route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C); }
+    if (delta) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }   // b_0 = x_0 (mhar: site 0 computes r_0)
     if (hc) {   // hc_weights_forward of every site (and 1/n for the final read), A and beta in fp32,
                 // from the fp32 master (in bf16 too: tiny tensors, exact weights)
         op_range("fwd hc weights");
@@ -963,9 +968,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
                                   site_norm_w(m, (int)j + 1), N, c->C);
         } else if (chain) {   // block sum: slot j+1 = out_j + slot j, and its r
             residual_norm_forward(SLOT(j + 1), NULL, a->slot_r + (j + 1) * N, SLOT(j), out, NULL, N, c->C);
-        } else {   // r of slot j+1 = out_j, which the sublayer wrote
-            source_stat_forward(a->slot_r + (j + 1) * N, SLOT(j + 1), N, c->C);
-        }
+        }   // (else slot j+1 = out_j, which the sublayer wrote; its r: site j+1's route_forward)
         // delta: x_{j+1} = x_j + out_j (above, its u left to site j+1's gated norm), and b_k (k = the
         // block of sublayer j, when complete) as the running sum of its outputs (SPEC section 9's
         // choice), with its r once whole (the last chained add writes it)

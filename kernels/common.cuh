@@ -410,15 +410,17 @@ __device__ __forceinline__ void ring_fill(Packed<VEC> *ring, int st, const float
     }
 }
 // The routing forward's issue of source i of n (slots src[i], position t) into ring
-// stage i % ROUTE_RING, its r copied by lane 0 into ring_r; one commit group per
-// source (an empty one past n, so that the waits count the same)
+// stage i % ROUTE_RING, its r copied by lane 0 into ring_r when i < nr (nr = n - 1:
+// the kernel computes the last source's r itself); one commit group per source (an
+// empty one past n, so that the waits count the same)
 template <int VEC, int NCH>
 __device__ __forceinline__ void ring_issue_source(Packed<VEC> *ring, float *ring_r, const floatX *slots, const float *r,
-                                                  const int *src, int i, int n, size_t N, int t, int lane, int C) {
+                                                  const int *src, int i, int n, int nr, size_t N, int t, int lane,
+                                                  int C) {
     if (i < n) {
         const size_t row = (size_t)src[i] * N + t;
         ring_fill<VEC, NCH>(ring, i & (ROUTE_RING - 1), slots + row * C, lane, C);
-        if (lane == 0) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
+        if (lane == 0 && i < nr) { cp_async4(ring_r + (i & (ROUTE_RING - 1)), r + row); }
     }
     cp_async_commit();
 }

@@ -253,7 +253,8 @@ void rmsnorm_backward_residual(float *dres, floatX *dcopy, float *dw, const floa
 // the sublayer's last matmul itself (model_forward). A chained slot is written
 // by residual_norm_forward, which computes in the same pass what the next step
 // needs: in std mode the next site's pre-norm u_{j+1} and its rstd, in block
-// mode the source statistic r of the new slot. The backward of the add is the
+// mode the source statistic r of the new slot (the slots that do not chain get
+// theirs from the next site's routing forward). The backward of the add is the
 // pass-through of the slot gradient in model_backward.
 
 // One warp per row n (8 rows per block of 256): y = x + out rounded to floatX

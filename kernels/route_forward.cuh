@@ -299,7 +299,7 @@ route_forward_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const 
         m[ch] = -INFINITY; l[ch] = 0.0f;
     }
     // RING: source i (and its r) into stage i % ROUTE_RING
-    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, N, t, lane, C); };
+    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, n, N, t, lane, C); };
     Packed<VEC> nxt[NCH];   // (no ring: source i+1, loaded while source i is used)
     float rn = 0.0f;
     if constexpr (RING) {
@@ -469,13 +469,16 @@ template <class G> __device__ __forceinline__ void fwd14_bcast(float (&out)[G::V
 // the n sources src (slots (nslots, N, C), r (nslots, N)) and qg (KX+1, C);
 // KX > 0: the next KX sites' partials out.ph (KX, N, C) fp32 hbar and out.pl
 // (KX, N, H) lse_p (natural log); PART: start from in.ph (N, C), in.pl (N, H).
+// rnew (N), when not NULL: the last source is the site's new slot, whose r no
+// one has computed yet; the kernel computes it from the row in the ring (the
+// order of residual_norm_forward's row kernel, so the same bits) and stores it there.
 // One warp per position; sources through the row ring; the group's qg2 in
 // registers (KX = 0) or in shared memory after the ring (route_forward_kernel's
 // float4 [KX+1][NCH][2][32] table, scaled by log2 e).
 template <int NCH, int SEG, int KX = 0, bool PART = false>
 __global__ void __launch_bounds__(256, KX == 0 ? ROUTE_MIN_BLOCKS(8, NCH) : (NCH <= 2 ? 2 : 1))
 route_forward14_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, const floatX *__restrict__ slots,
-                       const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ qg,
+                       const float *r, float *rnew, const int *__restrict__ src, int n, const float *__restrict__ qg,
                        const floatX *__restrict__ g, int N, RouteGeo geo, RoutePartials out, RoutePartials in) {
     static_assert(route_fwd14_ok<8, NCH>() && SEG >= 1 && KX <= route_fwd_kx_max<8, NCH>(), "v14: bf16 ring layouts");
     typedef Fwd14Lanes<NCH, SEG, KX> G;
@@ -530,7 +533,8 @@ route_forward14_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, cons
         if (PART && k < NCH) { m2[m] = c < C ? in.pl[(size_t)t * H + c / HC] * ROUTE_LOG2E : 0.0f; l[m] = 1.0f; }
     }
     // source i (and its r) into ring stage i % ROUTE_RING
-    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, N, t, lane, C); };
+    const int nr = rnew != NULL ? n - 1 : n;   // the sources whose r is read
+    auto issue = [&](int i) { ring_issue_source<VEC, NCH>(ring, ring_r, slots, r, src, i, n, nr, N, t, lane, C); };
     for (int i = 0; i < ROUTE_RING - 1; i++) { issue(i); }
     for (int i = 0; i < n; i++) {
         cp_async_wait<ROUTE_RING - 2>();   // source i's group is complete
@@ -539,7 +543,19 @@ route_forward14_kernel(floatX *uout, float *rstd, floatX *hout, float *lse, cons
         float v[NCH][VEC];   // source i, unpacked once for every site
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) { unpack(ring[(st * NCH + ch) * 32 + lane], v[ch]); }
-        const float ri = ring_r[st];
+        float ri;
+        if (i < nr) { ri = ring_r[st]; }
+        else {   // the new slot: r = 1 / sqrt(|v|^2 / C + 1e-6), summed as residual_norm_forward's row kernel
+            float ss = 0.0f;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) { ss = fmaf(v[ch][k], v[ch][k], ss); }   // zeros past C add nothing
+            }
+            ss = warp_sum(ss);
+            ri = 1.0f / sqrtf(ss / C + 1e-6f);
+            if (lane == 0) { rnew[t] = ri; }
+        }
         if (!LATE_ISSUE) { issue(i + ROUTE_RING - 1); }   // into the stage of source i-1, which every lane has read
         float y[P];   // this lane's part of each value (qg2 . v per site and chunk), zero padding
 #pragma unroll
@@ -684,13 +700,13 @@ void route_forward_fallback(floatX *u, float *rstd, floatX *h, float *lse, const
 // The fast kernel's launch (shared memory: the ring, then the qg table)
 template <int NCH, int SEG, int KX, bool PART>
 void route_forward14_launch(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r,
-                            const int *src, int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo,
-                            RoutePartials out, RoutePartials in) {
+                            float *rnew, const int *src, int n, const float *qg, const floatX *g, size_t N,
+                            const RouteGeo &geo, RoutePartials out, RoutePartials in) {
     constexpr size_t smem = route_fwd_smem<8, NCH, KX>();
     static bool limit_set = false;
     route_smem_limit(route_forward14_kernel<NCH, SEG, KX, PART>, smem, limit_set);
-    route_forward14_kernel<NCH, SEG, KX, PART><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, src, n, qg, g,
-                                                                            (int)N, geo, out, in);
+    route_forward14_kernel<NCH, SEG, KX, PART><<<ceil_div(N, 8), 256, smem>>>(u, rstd, h, lse, slots, r, rnew, src, n,
+                                                                            qg, g, (int)N, geo, out, in);
 }
 
 // u (N, C) = rmsnorm(route(sources); g) and its rstd (N): the input of the
@@ -701,12 +717,16 @@ void route_forward14_launch(floatX *u, float *rstd, floatX *h, float *lse, const
 // writes the partials of the next kx sites (whose qg follow its own in qg) into
 // out; in.ph != NULL: the site starts from the partial in, and src, n are its
 // sources after its group leader's. kx = 0 and in.ph == NULL: a site alone.
+// fresh >= 0: the last source src[n-1] is slot fresh, written since the last
+// site and read by no site before this one; its r (row fresh of r) is computed
+// here, as source_stat_forward would (the same bits), instead of in a pass of its own.
 // The one predicate: route_fwd14_ok (bf16, VEC = 8, C <= 1024) runs the fast
-// kernel (grouped or not), every other layout the fallback (never grouped:
-// route_fwd_kmax is 1 there).
-void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, const float *r, const int *src,
+// kernel (grouped or not; r of the new slot in the kernel), every other layout
+// the fallback (never grouped: route_fwd_kmax is 1 there; source_stat_forward first).
+void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *slots, float *r, const int *src,
                    int n, const float *qg, const floatX *g, size_t N, const RouteGeo &geo, int kx, RoutePartials out,
-                   RoutePartials in) {
+                   RoutePartials in, int fresh) {
+    float *rnew = fresh >= 0 ? r + (size_t)fresh * N : NULL;
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         constexpr int XM = route_fwd_kx_max<VEC, NCH>();
@@ -717,7 +737,7 @@ void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *
         if constexpr (route_fwd14_ok<VEC, NCH>()) {
             auto launch = [&](auto kxc, auto partc) {   // std::integral_constant: the instance
                 route_forward14_launch<NCH, SEG, decltype(kxc)::value, decltype(partc)::value>(
-                    u, rstd, h, lse, slots, r, src, n, qg, g, N, geo, out, in);
+                    u, rstd, h, lse, slots, r, rnew, src, n, qg, g, N, geo, out, in);
             };
             using std::integral_constant;
             if (in.ph != NULL) { launch(integral_constant<int, 0>(), integral_constant<bool, true>()); }
@@ -726,6 +746,7 @@ void route_forward(floatX *u, float *rstd, floatX *h, float *lse, const floatX *
             else if (kx == 2) { launch(integral_constant<int, (XM >= 2 ? 2 : 0)>(), integral_constant<bool, false>()); }
             else { launch(integral_constant<int, (XM >= 3 ? 3 : 0)>(), integral_constant<bool, false>()); }
         } else {
+            if (rnew != NULL) { source_stat_forward(rnew, slots + (size_t)fresh * N * geo.C, N, geo.C); }
             route_forward_fallback<VEC, NCH, SEG>(u, rstd, h, lse, slots, r, src, n, qg, g, N, geo);
         }
     });

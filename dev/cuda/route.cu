@@ -14,7 +14,7 @@ Run:
     ./route --version N --check     version N against the float64 reference (fresh random inputs)
     ./route --version N --bench     version N timed at the 100M shapes (events, warm-up, median)
     --vmax M                        with --version N: versions N..M (inputs drawn once)
-    ./route --all                   --check and --bench of every version (1..20)
+    ./route --all                   --check and --bench of every version (1..21)
   shape flags (bench/bytes): --L 12 --S 1 --C 512 --H 8 --N 32768 (N = B*T = 16*2048); --seed X
 
 What is timed: a whole-model routing pass with the sublayers replaced by fixed
@@ -161,6 +161,13 @@ Versions (NOTES_route.md has the byte counts and predictions):
       G_j and S_j are not read back. dg: per-block sums over 8 positions
       (reduce_lanes_kernel). --check also prints the relative difference from
       v16's backward from the same forward (not bit for bit; see check_config).
+  v21 v16 with the new slot's r computed by the forward (route_fwd_v14_kernel with
+      FRESH, 2026-12-04): site j's last source is slot j, which no earlier site
+      reads, so site j's kernel computes r_j from the row in its ring (the sum in
+      source_stat_kernel's order) and stores it; no pass of r over the slots. The
+      trainer's source_stat_forward after each sublayer (and the r of block mode's
+      chained adds) goes. --check poisons r first and requires source_stat_kernel's
+      bits for every slot.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -216,6 +223,10 @@ v20 (2026-12-04): --check within tolerance at the 8 configs (dslots 3.3e-3 ..
 --bench alternating twice: backward v16 7.252 / 7.261, v20 7.041 / 7.038 ms (full
 mode H=8), block S=4 4.714 -> 4.442. Its trainer port lost (0.983x mhar): not
 ported (NOTES_route.md, "v20").
+v21 (2026-12-04): --check PASS at the 8 configs (r bit-identical to source_stat_kernel's,
+the backward to v16's); --bench alternating twice: forward v16 2.595 / 2.593, v21 2.492 /
+2.497 ms (full mode H=8), block S=4 1.664 -> 1.502. In the trainer (the slots that no chained
+add writes): tokens/s 1.0048x mhar H=8, 1.0035x block S=4 and S=8; landed (NOTES_route.md, "v21").
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -233,7 +244,7 @@ ported (NOTES_route.md, "v20").
 #define ROUTE_FWD_PLAN_ONLY   // the trainer's grouping planner only, no kernels
 #include "../../kernels/route_forward.cuh"
 
-#define LAB_VMAX 20   // the last version (--all, --vmax, --bytes, the usage line)
+#define LAB_VMAX 21   // the last version (--all, --vmax, --bytes, the usage line)
 
 typedef __nv_bfloat16 bf16;
 
@@ -960,6 +971,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                 b.bwd += -N * J * (V + H * 4) + 2 * J * (ceil(N / 8) - nblk) * F;
             }
         }
+        if (ver == 21) { b.fwd -= N * J * (V + 4); }   // no pass of r over the slots; site j computes r_j
     }
     return b;
 }
@@ -1283,11 +1295,11 @@ template <int C> __device__ __forceinline__ void ring_fill(int st, const bf16 *r
 // stage i % ROUTE_RING, and its r (copied by lane 0); one commit group, empty when i >= n
 template <int C>
 __device__ __forceinline__ void fwd_ring_issue(int i, int n, const int *src, const bf16 *slots, const float *r, int N,
-                                               int t, int lane) {
+                                               int t, int lane, int nr = 1 << 30) {
     if (i < n) {
         const size_t row = (size_t)__ldg(src + i) * N + t;
         ring_fill<C>(i & (ROUTE_RING - 1), slots + row * C, lane);
-        if (lane == 0) { cp_async4(ring_floats<C>() + (i & (ROUTE_RING - 1)), r + row); }
+        if (lane == 0 && i < nr) { cp_async4(ring_floats<C>() + (i & (ROUTE_RING - 1)), r + row); }   // v21: n - 1
     }
     cp_async_commit();
 }
@@ -1679,12 +1691,16 @@ template <class G, int K = 0> __device__ __forceinline__ void fwd14_bcast_all(fl
 // natural log), their q, gamma after this site's in q, gm; inh != NULL: start from
 // the partial inh (N, C), inl (N, H), src and n then the sources after the
 // leader's. One warp per position, sources through the row ring (v8).
-template <int C, int H, int KX>
+// FRESH (v21): the last source is the site's own new slot (in every plan, site j's
+// last source is slot j, which no earlier site reads): its r is not read but
+// computed from the row in the ring, in source_stat_kernel's order (the same
+// bits), and stored into rnew (N), so that no pass of its own computes it.
+template <int C, int H, int KX, bool FRESH = false>
 __global__ void __launch_bounds__(256, KX == 0 ? (C <= 512 ? 3 : 1) : (C <= 512 ? 2 : 1))
 route_fwd_v14_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16 *__restrict__ slots,
-                     const float *__restrict__ r, const int *__restrict__ src, int n, const float *__restrict__ q,
+                     const float *r, const int *__restrict__ src, int n, const float *__restrict__ q,
                      const float *__restrict__ gm, const float *__restrict__ g, float *ph, float *pl, const float *__restrict__ inh,
-                     const float *__restrict__ inl, int N) {
+                     const float *__restrict__ inl, int N, float *rnew = nullptr) {
     typedef Fwd14<C, H, KX> G;
     constexpr int NCH = G::NCH, CPH = G::CPH, U = G::U, V = G::V, P = G::P, SL = G::SL, XS = KX + 1;
     const int lane = threadIdx.x & 31;
@@ -1733,7 +1749,8 @@ route_fwd_v14_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
             m2[m] = -INFINITY; l[m] = 0.0f;
         }
     }
-    for (int i = 0; i < ROUTE_RING - 1; i++) { fwd_ring_issue<C>(i, n, src, slots, r, N, t, lane); }
+    const int nr = FRESH ? n - 1 : n;   // the sources whose r is read
+    for (int i = 0; i < ROUTE_RING - 1; i++) { fwd_ring_issue<C>(i, n, src, slots, r, N, t, lane, nr); }
     for (int i = 0; i < n; i++) {
         cp_async_wait<ROUTE_RING - 2>();
         __syncwarp();
@@ -1744,8 +1761,20 @@ route_fwd_v14_kernel(bf16 *hout, bf16 *uout, float *rstd, float *lse, const bf16
 #pragma unroll
             for (int ch = 0; ch < NCH; ch++) { unpack8(ring[(st * NCH + ch) * 32 + lane], v[ch]); }
         }
-        const float ri = ring_floats<C>()[st];
-        fwd_ring_issue<C>(i + ROUTE_RING - 1, n, src, slots, r, N, t, lane);
+        float ri;
+        if (!FRESH || i < nr) { ri = ring_floats<C>()[st]; }
+        else {   // v21: r of the new slot, 1 / sqrt(|v|^2 / C + 1e-6), summed as source_stat_kernel
+            float ss = 0.0f;
+#pragma unroll
+            for (int ch = 0; ch < NCH; ch++) {
+#pragma unroll
+                for (int k = 0; k < 8; k++) { ss = fmaf(v[ch][k], v[ch][k], ss); }
+            }
+            ss = warp_sum(ss);
+            ri = 1.0f / sqrtf(ss / C + 1e-6f);
+            if (lane == 0) { rnew[t] = ri; }
+        }
+        fwd_ring_issue<C>(i + ROUTE_RING - 1, n, src, slots, r, N, t, lane, nr);
         float y[P];   // per value, this lane's part of qg2.v
 #pragma unroll
         for (int k = 0; k < P; k++) { y[k] = 0.0f; }
@@ -5100,6 +5129,7 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*gather7)(const Prob &, const Dev &, int k);
     void (*fwd13)(const Prob &, const Dev &, int j);
     void (*fwd14)(const Prob &, const Dev &, int j);
+    void (*fwd21)(const Prob &, const Dev &, int j);
     void (*gather15)(const Prob &, const Dev &, int k);
     bool (*gather17)(const Prob &, const Dev &, int k);
 };
@@ -5254,32 +5284,48 @@ template <int C, int H> struct Impl {
     }
     // v13: site j by its group in P.lead13: a leader with its extra sites, a site
     // that starts from its partial, or a site alone (KX = 0, no partial: v8's math)
-    // (V14: v14's kernel, route_fwd_v14_kernel, same arguments and plan)
-    template <int KX, bool V14> static void fwd13_launch(const Prob &P, const Dev &d, int j) {
+    // (V = 14: v14's kernel, route_fwd_v14_kernel, same arguments and plan; V = 21: v14's with
+    // FRESH, r of slot j computed by site j's kernel into d.r's row j)
+    template <int KX, int V> static void fwd13_launch(const Prob &P, const Dev &d, int j) {
         const size_t N = P.N;
         constexpr size_t smem = fwd13_smem<C, KX>();
         static bool limit_set = false;
-        auto kernel = V14 ? route_fwd_v14_kernel<C, H, KX> : route_fwd_v13_kernel<C, H, KX>;
-        ring_smem_limit(kernel, smem, limit_set);
+        if constexpr (V == 13) { ring_smem_limit(route_fwd_v13_kernel<C, H, KX>, smem, limit_set); }
+        else { ring_smem_limit(route_fwd_v14_kernel<C, H, KX, V == 21>, smem, limit_set); }
         const int ld = P.lead13[j], n0 = ld == j ? 0 : P.n[ld];   // n0: sources in the partial
         const float *inh = ld == j ? nullptr : d.p13h + (size_t)(j - ld - 1) * N * C;
         const float *inl = ld == j ? nullptr : d.p13l + (size_t)(j - ld - 1) * N * H;
-        kernel<<<cdiv(N, 8), 256, smem>>>(d.h + j * N * C, d.u + j * N * C, d.rstd + j * N, d.lse + j * N * H, d.slots,
-                                          d.r, d.src + j * P.J + n0, P.n[j] - n0, d.q + j * C, d.gm + j * C, d.g + j * C,
-                                          d.p13h, d.p13l, inh, inl, P.N);
+        const int *src = d.src + j * P.J + n0;
+        const int n = P.n[j] - n0;
+        bf16 *h = d.h + j * N * C, *u = d.u + j * N * C;
+        float *rstd = d.rstd + j * N, *lse = d.lse + j * N * H;
+        const float *q = d.q + j * C, *gm = d.gm + j * C, *g = d.g + j * C;
+        if constexpr (V == 13) {
+            route_fwd_v13_kernel<C, H, KX><<<cdiv(N, 8), 256, smem>>>(h, u, rstd, lse, d.slots, d.r, src, n, q, gm, g,
+                                                                      d.p13h, d.p13l, inh, inl, P.N);
+        } else {
+            route_fwd_v14_kernel<C, H, KX, V == 21><<<cdiv(N, 8), 256, smem>>>(
+                h, u, rstd, lse, d.slots, d.r, src, n, q, gm, g, d.p13h, d.p13l, inh, inl, P.N,
+                V == 21 ? d.r + j * N : nullptr);
+        }
         LAUNCH_CHECK();
     }
-    template <bool V14> static void fwd13_any(const Prob &P, const Dev &d, int j) {
+    template <int V> static void fwd13_any(const Prob &P, const Dev &d, int j) {
         constexpr int XM = v13_kx_max<C>();
         const int kx = v13_extra(P, j);
-        if (kx == 0) { fwd13_launch<0, V14>(P, d, j); }
-        else if (kx == 1 && XM >= 1) { fwd13_launch<1, V14>(P, d, j); }
-        else if (kx == 2 && XM >= 2) { fwd13_launch<XM >= 2 ? 2 : 0, V14>(P, d, j); }
-        else if (kx == 3 && XM >= 3) { fwd13_launch<XM >= 3 ? 3 : 0, V14>(P, d, j); }
+        if (V == 21 && P.src[(size_t)j * P.J + P.n[j] - 1] != j) {
+            fprintf(stderr, "error: v21: site %d's last source is not slot %d\n", j, j);
+            exit(1);
+        }
+        if (kx == 0) { fwd13_launch<0, V>(P, d, j); }
+        else if (kx == 1 && XM >= 1) { fwd13_launch<1, V>(P, d, j); }
+        else if (kx == 2 && XM >= 2) { fwd13_launch<XM >= 2 ? 2 : 0, V>(P, d, j); }
+        else if (kx == 3 && XM >= 3) { fwd13_launch<XM >= 3 ? 3 : 0, V>(P, d, j); }
         else { fprintf(stderr, "error: v13/v14: %d extra sites at C=%d (at most %d built)\n", kx, C, XM); exit(1); }
     }
-    static void fwd13(const Prob &P, const Dev &d, int j) { fwd13_any<false>(P, d, j); }
-    static void fwd14(const Prob &P, const Dev &d, int j) { fwd13_any<true>(P, d, j); }
+    static void fwd13(const Prob &P, const Dev &d, int j) { fwd13_any<13>(P, d, j); }
+    static void fwd14(const Prob &P, const Dev &d, int j) { fwd13_any<14>(P, d, j); }
+    static void fwd21(const Prob &P, const Dev &d, int j) { fwd13_any<21>(P, d, j); }
     // v15: the gather with E and U on tensor cores (route_gather_v15_kernel; nr <= 32)
     static void gather15(const Prob &P, const Dev &d, int k) {
         const size_t N = P.N;
@@ -5328,8 +5374,10 @@ template <int C, int H> struct Impl {
             return false;
         }
     }
-    static KernelSet set() { return KernelSet{fwd2, bwd2, site3, site18, gather3, gather45, gather20, gather7, fwd13, fwd14, gather15,
-                                             gather17}; }
+    static KernelSet set() {
+        return KernelSet{fwd2, bwd2, site3, site18, gather3, gather45, gather20, gather7, fwd13, fwd14, fwd21,
+                         gather15, gather17};
+    }
 };
 
 static KernelSet kernel_set(int C, int H) {
@@ -5402,8 +5450,10 @@ static void dev_upload(const Dev &d, const HostIn &in) {
 // Forward of every site. want_a: v2/v3 also write a (for the check).
 static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &ks, bool want_a) {
     const size_t N = P.N, C = P.C, H = P.H, J = P.J;
-    source_stat_kernel<<<cdiv(J * N, 8), 256>>>(d.r, d.slots, J * N, P.C);
-    LAUNCH_CHECK();
+    if (ver != 21) {   // v21: r of slot j by site j's kernel
+        source_stat_kernel<<<cdiv(J * N, 8), 256>>>(d.r, d.slots, J * N, P.C);
+        LAUNCH_CHECK();
+    }
     for (int j = 0; j < P.J; j++) {
         if (ver == 1) {
             route_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.h + j * N * C, d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
@@ -5412,8 +5462,9 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             LAUNCH_CHECK();
             rmsnorm_fwd_v1_kernel<<<cdiv(N, 8), 256>>>(d.u + j * N * C, d.rstd + j * N, d.h + j * N * C, d.g + j * C, P.N, P.C);
             LAUNCH_CHECK();
-        } else if (ver >= 13) {   // v15: v14's forward
+        } else if (ver >= 13) {   // v15 .. v20: v14's forward
             if (ver == 13) { ks.fwd13(P, d, j); }
+            else if (ver == 21) { ks.fwd21(P, d, j); }
             else { ks.fwd14(P, d, j); }
             if (want_a) {   // a from the stored lse (the kernel does not write it)
                 route_a_kernel<<<cdiv(N * H, 128), 128>>>(d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
@@ -5446,6 +5497,7 @@ template <int CPT> static void param_v11(const Prob &P, const Dev &d, int k, uns
 
 // The q/gamma pass of slot k (v4 and up) on dsr into d.gpart45: v4's, v5's (v5-v10), v11's
 static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const float *dsr) {
+    if (ver == 21) { ver = 16; }   // v21 changes only the forward
     const size_t N = P.N, C = P.C, H = P.H;
     const unsigned np = cdiv(N, PART_ROWS45);
     if (ver >= 16) {   // on tensor cores, partitions of v16_rows (v17: v16's pass)
@@ -5483,6 +5535,7 @@ static void run_param_pass(int ver, const Prob &P, const Dev &d, int k, const fl
 
 // Backward of every site in reverse order (the forward's outputs must be there).
 static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &ks) {
+    if (ver == 21) { ver = 16; }   // v21 changes only the forward
     const size_t N = P.N, C = P.C, H = P.H, J = P.J;
     const unsigned nblk = cdiv(N, POS_PER_BLOCK), npart = cdiv(N, PART_ROWS);
     if (ver <= 2) { CK(cudaMemsetAsync(d.dslots, 0, J * N * C * sizeof(float), 0)); }   // accumulated per pair
@@ -5624,6 +5677,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
     if (ver >= 11) { poison11(); }
+    if (ver == 21) { CK(cudaMemset(d.r, 0xFF, J * NN * 4)); }   // r: a read of one not yet computed gives NaN
     if (ver >= 13) {   // its partials: a read of one never written gives NaN
         CK(cudaMemset(d.p13h, 0xFF, (size_t)(v13_kmax(C) - 1) * NN * (C + H) * 4));
         printf("v%d plan: %d of %d sites start from a partial, %d of %d source rows read\n", ver, P.v13_starts, P.J,
@@ -5644,6 +5698,17 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // sums cover 8 positions instead of 32, and the gradients differ in their last bits (the
     // likely cause: its norm backward reloads dU and g in its second pass where v3 keeps them
     // in registers, so the compiler can contract G's products into other FMAs)
+    // v21: the r each site computed for its new slot must be source_stat_kernel's, bit for bit
+    bool same_r = true;
+    if (ver == 21) {
+        std::vector<double> r21 = fetch(d.r, J * NN);
+        source_stat_kernel<<<cdiv(J * NN, 8), 256>>>(d.r, d.slots, J * NN, P.C);
+        LAUNCH_CHECK();
+        std::vector<double> rst = fetch(d.r, J * NN);
+        same_r = memcmp(r21.data(), rst.data(), rst.size() * 8) == 0;
+        printf("v21 r of every slot, by the site that reads it first, against source_stat_kernel: %s\n",
+               same_r ? "bit-identical" : "DIFFERENT (FAIL)");
+    }
     bool same16 = true;
     if (ver >= 18) {
         poison11();
@@ -5697,7 +5762,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         }
     }
     dev_free(d);
-    bool ok = (ver < 5 || xerr == 0.0) && same && same16;
+    bool ok = (ver < 5 || xerr == 0.0) && same && same16 && same_r;
     if (ver >= 5) { printf("v%d dslot bf16 copy: max |copy - bf16(dslot_0)| = %g%s\n", ver, xerr, xerr == 0.0 ? "" : " (FAIL)"); }
     printf("v%d L=%-2d S=%d C=%-4d H=%-2d N=%-4d seed %-10llu", ver, L, S, C, H, N, (unsigned long long)seed);
     for (int o = 0; o < NUM_OUT; o++) {

@@ -4,14 +4,15 @@
 //   s[h,i] = r_i * sum_{c in h} qg[c] v_i[c],  qg = q * gamma   (C)
 //   a[h,:] = softmax_i s[h,:],   h[c] = sum_i a[h(c), i] v_i[c]
 // then the site's RMSNorm u = rmsnorm(h; g). Outputs u, h (N, C), rstd (N) and
-// lse (N, H) (the weights are recomputed in backward). One warp per position, one
-// pass over the sources with an online softmax, the sources streamed through the
-// cp.async row ring (common.cuh).
+// lse (N, H) (the weights are recomputed in backward), and, when asked (fresh),
+// r of the site's new slot, its last source. One warp per position, one pass over
+// the sources with an online softmax, the sources streamed through the cp.async
+// row ring (common.cuh).
 // The one predicate route_fwd14_ok picks the kernel:
 //  - fast: route_forward14_kernel, lab dev/cuda/route.cu v14 (with v13's groups:
 //    a group's first site also computes the next sites' partial softmaxes over its
-//    sources; route_fwd_plan chooses the groups), bf16 layouts of 8 channels a lane
-//    and C <= 1024;
+//    sources; route_fwd_plan chooses the groups) and v21 (the new slot's r from the
+//    row in the ring), bf16 layouts of 8 channels a lane and C <= 1024;
 //  - fallback: route_forward_kernel, lab v2 with v8's row ring, one site at a time:
 //    fp32, VEC = 1 layouts (heads of channels that 8 does not divide), C > 1024.
 // Also here: the lane layout (RouteGeo, route_dispatch, head_sum, lane_heads) shared

@@ -164,10 +164,10 @@ Versions (NOTES_route.md has the byte counts and predictions):
   v21 v16 with the new slot's r computed by the forward (route_fwd_v14_kernel with
       FRESH, 2026-12-04): site j's last source is slot j, which no earlier site
       reads, so site j's kernel computes r_j from the row in its ring (the sum in
-      source_stat_kernel's order) and stores it; no pass of r over the slots. The
-      trainer's source_stat_forward after each sublayer (and the r of block mode's
-      chained adds) goes. --check poisons r first and requires source_stat_kernel's
-      bits for every slot.
+      source_stat_kernel's order) and stores it; no pass of r over the slots. In
+      the trainer, the source_stat_forward pass after each sublayer goes (block
+      mode's chained adds keep computing their slot's r: there it is free).
+      --check poisons r first and requires source_stat_kernel's bits for every slot.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.

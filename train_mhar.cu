@@ -186,7 +186,7 @@ static void params_reorder(const Config *c, float *host, size_t n, int to_gpu) {
 // Forward activations kept for backward, in one device allocation. N = B*T
 // positions, J = 2L+1 slots / routing sites, QD = NH*HD, KVD = NKV*HD.
 // floatX unless marked fp32.
-#define NUM_ACT_TENSORS 28
+#define NUM_ACT_TENSORS 29
 typedef struct {
     floatX *slots;  // (NS, N, C) sources v_i / block sums (mhar), residual stream x_j (std, delta), then
                     //            delta's null source and block sums b_k (NS = num_slots, config.h)
@@ -194,6 +194,8 @@ typedef struct {
     float *route_lse; // (J, N, H)  fp32 log-sum-exp of each site's routing scores per head (mhar):
                       //            the weights a = exp(s - lse) are recomputed in backward
     float *route_qg;  // (J, C)     fp32 q * gamma of every site, refreshed by each forward (mhar)
+    float *route_qgp; // (J, C)     the same in pair order (route_qg_forward), for the slot gather's
+                      //            fast instance (C a multiple of 256; unused otherwise)
     floatX *h;      // (J, N, C)  routed inputs h_j, h_final at j = 2L (mhar; std reads slots; hc
                     //            recomputes its reads from the streams); delta: the routed mixes mix_j
     float *null_r;  // (J)        fp32: delta: r of each site's null source
@@ -464,6 +466,7 @@ void model_alloc_acts(Model *m, int B, int T) {
     TensorSpec as[NUM_ACT_TENSORS] = {
         {(void **)&a->slots, NS * N * C, X}, {(void **)&a->slot_r, routed ? NS * N : 0, S},
         {(void **)&a->route_lse, routed ? J * N * c->H : 0, S}, {(void **)&a->route_qg, routed ? J * C : 0, S},
+        {(void **)&a->route_qgp, routed ? J * C : 0, S},
         {(void **)&a->h, routed ? J * N * C : 0, X}, {(void **)&a->null_r, delta ? J : 0, S},
         {(void **)&a->gate, delta ? N * C : 0, X},
         {(void **)&a->hcx, (J - 2) * N * hn * C, X}, {(void **)&a->hc_w, J * hn, S},
@@ -848,7 +851,8 @@ void delta_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) 
         size_t k = J + j / S;
         op_range("bwd route: slot gather");
         route_slot_backward(g->delta_db, NULL, g->route_dsr, SLOT(k), a->slot_r + k * N, g->route_G, g->route_S,
-                            a->route_lse, SLOT_RD(k), m->slot_nr[k], a->route_qg, 0, 1, N, J, m->route_geo);
+                            a->route_lse, SLOT_RD(k), m->slot_nr[k], a->route_qg, a->route_qgp, 0, 1, N, J,
+                            m->route_geo);
         op_range("bwd route: q/gamma pass");
         route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(k), SLOT_RD_PAIR(k), m->slot_nr[k], N,
                           m->route_geo);
@@ -860,7 +864,7 @@ void delta_site_backward(Model *m, int j, size_t N, const floatX *w, float *dw) 
     // b_0 = x_0 = slot 0, read by every site: its routing gradient joins the stream's
     op_range("bwd route: slot gather");
     route_slot_backward(g->dslots, NULL, g->route_dsr, SLOT(0), a->slot_r, g->route_G, g->route_S, a->route_lse,
-                        SLOT_RD(0), m->slot_nr[0], a->route_qg, 1, 1, N, J, m->route_geo);
+                        SLOT_RD(0), m->slot_nr[0], a->route_qg, a->route_qgp, 1, 1, N, J, m->route_geo);
     op_range("bwd route: q/gamma pass");
     route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(0), SLOT_RD_PAIR(0), m->slot_nr[0], N,
                       m->route_geo);
@@ -900,8 +904,8 @@ void site_backward(Model *m, int j, size_t N, const floatX *w, float *dw, floatX
     op_range("bwd route: slot gather");
     // dslot j (j > 0) is the output gradient of sublayer j-1: its floatX copy goes straight into g->dout
     route_slot_backward(g->dslots, j > 0 ? g->dout : NULL, g->route_dsr, SLOT(j), a->slot_r + j * N, g->route_G,
-                        g->route_S, a->route_lse, SLOT_RD(j), m->slot_nr[j], a->route_qg, chain, keep32, N, J,
-                        m->route_geo);
+                        g->route_S, a->route_lse, SLOT_RD(j), m->slot_nr[j], a->route_qg, a->route_qgp, chain, keep32,
+                        N, J, m->route_geo);
     op_range("bwd route: q/gamma pass");
     route_slot_qgamma(g->route_qv, g->route_qpart, g->route_dsr, SLOT(j), SLOT_RD_PAIR(j), m->slot_nr[j], N,
                       m->route_geo);
@@ -933,7 +937,7 @@ void model_forward(Model *m, const int *inputs, const int *targets, int B, int T
     cudaCheck(cudaMemcpy(m->d_inputs, inputs, N * sizeof(int), cudaMemcpyHostToDevice));
     if (targets != NULL) { cudaCheck(cudaMemcpy(m->d_targets, targets, N * sizeof(int), cudaMemcpyHostToDevice)); }
     encoder_forward(SLOT(0), m->d_inputs, p->wte, N, c->C);
-    if (mhar || delta) { route_qg_forward(a->route_qg, p->rq, p->rg, (2 * L + 1) * C); }
+    if (mhar || delta) { route_qg_forward(a->route_qg, a->route_qgp, p->rq, p->rg, 2 * L + 1, c->C); }
     if (delta) { source_stat_forward(a->slot_r, SLOT(0), N, c->C); }   // b_0 = x_0 (mhar: site 0 computes r_0)
     if (hc) {   // hc_weights_forward of every site (and 1/n for the final read), A and beta in fp32,
                 // from the fp32 master (in bf16 too: tiny tensors, exact weights)

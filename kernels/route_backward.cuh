@@ -33,6 +33,11 @@ __host__ __device__ __forceinline__ unsigned glean_dsr_at(unsigned base0, int hd
     return base0 + (unsigned)((hdc - hd0) * nrp + jj);
 }
 __host__ __device__ __forceinline__ unsigned glean_add(unsigned base, unsigned j, unsigned stride) { return j * stride + base; }
+// x = a lane's 8 channels of a row in pair order (route_pair_index), p at the lane's first (4 lane, + 256 ch)
+__device__ __forceinline__ void ld_f_pairs(float (&x)[8], const float *p) {
+    const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 128);
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
 // the ring stage of reader i, and the lane holding its site (i >= nr: a zero-byte copy from that lane's site)
 __host__ __device__ __forceinline__ int glean_stage(int i) { return i & (ROUTE_RING - 1); }
 __host__ __device__ __forceinline__ int glean_src_lane(int i) { return i & 31; }
@@ -182,6 +187,9 @@ __host__ __device__ constexpr int route_nrp(int nr) { return (nr + 3) & ~3; }
 // and the tests for lanes past C fold away, as in the lab's kernels (templated on C):
 // the predicated qg loads with their zero fills, the copies' sizes and chunk offsets,
 // the branches around the stores (NOTES_route.md, "The lean gather's FULL instance").
+// FULL reads qg in pair order (route_pair_index; lab v23): each of its warp's two 16-byte
+// loads a chunk reads 512 contiguous bytes, half the L1 wavefronts of row order (L1's
+// wavefronts are the loop's busiest unit).
 template <int VEC, int NCH, int SEG, bool LEAN, bool FULL>
 __global__ void __launch_bounds__(256, ROUTE_MIN_BLOCKS(VEC, NCH))
 route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const floatX *__restrict__ v,
@@ -283,7 +291,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
             opaque_words(dsb);                 // (not recomputed from t in the store's branch)
             issue_lean(jj + ROUTE_RING - 1);   // into the stage of reader jj-1, which this lane has read
             const unsigned jr = (unsigned)__shfl_sync(0xffffffffu, jl, jj);
-            qgj = qg + glean_add((unsigned)(lane * VEC), jr, (unsigned)C);
+            qgj = qg + glean_add((unsigned)(lane * (FULL ? 4 : VEC)), jr, (unsigned)C);   // FULL: pair order
             lsej = lseall + glean_add(lsb, jr, NH);   // through L1 (prefetched at the issue)
             Sj = Sall + glean_add(lsb, jr, NH);
         } else {
@@ -310,7 +318,7 @@ route_slot_backward_kernel(float *dslot, floatX *dslotX, float *dsr, const float
         for (int ch = 0; ch < NCH; ch++) {
             float pd = 0.0f, ed = 0.0f;
             unpack(Gp[ch], G[ch]);
-            if constexpr (FULL) { ld_f_live(qv[ch], qgj + ch * W); }
+            if constexpr (FULL) { ld_f_pairs(qv[ch], qgj + ch * W); }
             else if constexpr (LEAN) { ld_f(qv[ch], qgj, ch * W, C - lane * VEC); }
             else { ld_f(qv[ch], qgj, ch * W + lane * VEC, C); }
 #pragma unroll
@@ -672,17 +680,18 @@ static void route_slot_backward_launch(float *dslot, floatX *dslotX, float *dsr,
 // unless NULL, and dsr (N, H, nrp): ds r of each of the nr readers, for route_slot_qgamma.
 // v (N, C) and r (N) are slot k's; readers (nr) are the sites that read it (device). The
 // gather takes its lean path where route_gather_lean holds (per slot; its FULL instance
-// where C = NCH 32 VEC); every path computes the same sums in the same order.
+// where C = NCH 32 VEC, reading qgp: qg (J, C) in pair order, route_qg_forward); every path
+// computes the same sums in the same order.
 void route_slot_backward(float *dslot, floatX *dslotX, float *dsr, const floatX *v, const float *r, const floatX *G,
-                         const float *S, const float *lse, const int *readers, int nr, const float *qg, int chain,
-                         int keep32, size_t N, size_t J, const RouteGeo &geo) {
+                         const float *S, const float *lse, const int *readers, int nr, const float *qg,
+                         const float *qgp, int chain, int keep32, size_t N, size_t J, const RouteGeo &geo) {
     route_dispatch(geo, [&](auto lanes) {
         constexpr int VEC = decltype(lanes)::vec, NCH = decltype(lanes)::nch, SEG = decltype(lanes)::seg;
         if constexpr (route_ring<VEC>()) {
             if (route_gather_lean(geo, nr, N, J)) {   // FULL where every lane's packs are live
                 if (geo.C == NCH * 32 * VEC) {
                     route_slot_backward_launch<VEC, NCH, SEG, true, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers,
-                                                                          nr, qg, chain, keep32, N, geo);
+                                                                          nr, qgp, chain, keep32, N, geo);
                 } else {
                     route_slot_backward_launch<VEC, NCH, SEG, true>(dslot, dslotX, dsr, v, r, G, S, lse, readers, nr,
                                                                     qg, chain, keep32, N, geo);

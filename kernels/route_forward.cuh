@@ -240,15 +240,27 @@ void source_stat_forward(float *r, const floatX *v, size_t N, int C) {
     residual_norm_forward(NULL, NULL, r, NULL, v, NULL, N, C);
 }
 
-__global__ void route_qg_kernel(float *qg, const floatX *q, const floatX *gamma, size_t n) {
+// Pair order of a row of C channels, C a multiple of 256 (chunks of 32 lanes x 8 channels): lane l's
+// channels 8l .. 8l+4 of a chunk go to 4l .. 4l+4, and 8l+4 .. 8l+8 to 128 + 4l .. 128 + 4l + 4, so
+// that a warp's two 16-byte loads of its lanes' 8 channels each read 512 contiguous bytes (in row
+// order each reads 16 bytes of every 32: twice the L1 wavefronts). The forward's shared qg uses it too.
+__host__ __device__ __forceinline__ size_t route_pair_index(size_t c) {
+    return c / 256 * 256 + c % 8 / 4 * 128 + c % 256 / 8 * 4 + c % 4;
+}
+__global__ void route_qg_kernel(float *qg, float *qgp, const floatX *q, const floatX *gamma, size_t n, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { qg[i] = toF(q[i]) * toF(gamma[i]); }
+    if (i >= n) { return; }
+    const float x = toF(q[i]) * toF(gamma[i]);
+    qg[i] = x;
+    if (qgp != NULL) { qgp[i / C * C + route_pair_index(i % C)] = x; }
 }
 
 // qg (J, C) fp32 = q * gamma of every site, once per forward: the scores are
-// s = r_i (qg . v_i), in forward and in backward.
-void route_qg_forward(float *qg, const floatX *q, const floatX *gamma, size_t n) {
-    route_qg_kernel<<<ceil_div(n, 256), 256>>>(qg, q, gamma, n);
+// s = r_i (qg . v_i), in forward and in backward. qgp (J, C): the same rows in
+// pair order (route_pair_index) where C is a multiple of 256, for the slot gather.
+void route_qg_forward(float *qg, float *qgp, const floatX *q, const floatX *gamma, size_t J, int C) {
+    const size_t n = J * (size_t)C;
+    route_qg_kernel<<<ceil_div(n, 256), 256>>>(qg, C % 256 == 0 ? qgp : NULL, q, gamma, n, C);
     launchCheck();
 }
 

@@ -168,6 +168,22 @@ Versions (NOTES_route.md has the byte counts and predictions):
       the trainer, the source_stat_forward pass after each sublayer goes (block
       mode's chained adds keep computing their slot's r: there it is free).
       --check poisons r first and requires source_stat_kernel's bits for every slot.
+  v22 v21 with the gather in the head-lane layout (route_gather_v22_kernel, Hl,
+      2026-12-04): lane l holds 8 NCH consecutive channels (packs l NCH ..), all in
+      one head when H | 32, so a head is 32 / H lanes and its sums of p and e are
+      log2(32 / H) shuffles of one value (v12: log2(SEG) of NCH values: 12
+      shuffles a reader at C = 512, H = 8, against 4), and the weight, ds and the
+      dsr store come once a lane and reader instead of once a chunk. The site
+      kernel stores G, and qg_hl_kernel qg, in that layout's order (hl_pack), so
+      their rows still load in coalesced 16-byte packs; v and dslot keep the row
+      order (once a position). --check prints the difference from v16's backward
+      (the same products, summed in another order).
+  v23 v21 with v12's gather reading qg in pair order (qg_pair_kernel, 2026-12-04):
+      lane l's channels 8l .. 8l+4 of each chunk at 4l, 8l+4 .. 8l+8 at 128 + 4l, so
+      that each 16-byte load of a warp reads 512 contiguous bytes (row order: 16 of
+      every 32 bytes, twice the L1 wavefronts; ncu had the trainer's gather bound
+      by L1's wavefronts, 79% of peak, a quarter of them bank conflicts). The
+      same values and arithmetic: --check requires v16's bits from the same forward.
 
 Determinism: no float atomics. Per-channel sums over positions (dq, dgamma,
 dg) are written as per-block partials and summed in a fixed order.
@@ -227,6 +243,12 @@ v21 (2026-12-04): --check PASS at the 8 configs (r bit-identical to source_stat_
 the backward to v16's); --bench alternating twice: forward v16 2.595 / 2.593, v21 2.492 /
 2.497 ms (full mode H=8), block S=4 1.664 -> 1.502. In the trainer (the slots that no chained
 add writes): tokens/s 1.0048x mhar H=8, 1.0035x block S=4 and S=8; landed (NOTES_route.md, "v21").
+v22 (2026-12-04): --check PASS at the 8 configs (the backward within 1e-6 of v16's); --bench:
+backward v21 7.256 / 7.262, v22 7.637 / 7.654 ms (full mode H=8), block S=4 4.705 -> 5.076:
+slower, not ported (NOTES_route.md, "v22, v23").
+v23 (2026-12-04): --check PASS at the 8 configs, the backward bit-identical to v16's; --bench:
+backward v21 7.241 -> v23 7.107 ms, block S=4 4.693 -> 4.657. In the trainer (the gather's FULL
+instance): slot gather 4.82 -> 4.67 ms a step, tokens/s 1.005x mhar H=8; landed.
 */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -244,7 +266,7 @@ add writes): tokens/s 1.0048x mhar H=8, 1.0035x block S=4 and S=8; landed (NOTES
 #define ROUTE_FWD_PLAN_ONLY   // the trainer's grouping planner only, no kernels
 #include "../../kernels/route_forward.cuh"
 
-#define LAB_VMAX 21   // the last version (--all, --vmax, --bytes, the usage line)
+#define LAB_VMAX 23   // the last version (--all, --vmax, --bytes, the usage line)
 
 typedef __nv_bfloat16 bf16;
 
@@ -971,7 +993,7 @@ static Bytes count_bytes(const Prob &P, int ver) {
                 b.bwd += -N * J * (V + H * 4) + 2 * J * (ceil(N / 8) - nblk) * F;
             }
         }
-        if (ver == 21) { b.fwd -= N * J * (V + 4); }   // no pass of r over the slots; site j computes r_j
+        if (ver >= 21) { b.fwd -= N * J * (V + 4); }   // no pass of r over the slots; site j computes r_j
     }
     return b;
 }
@@ -1021,6 +1043,15 @@ template <int C, int H> struct Geo {
 };
 template <int C, int H> __device__ __forceinline__ int head_of(int ch, int lane) { return (ch * 256 + lane * 8) / Geo<C, H>::HC; }
 template <int C, int H> __device__ __forceinline__ bool head_first(int ch, int lane) { return (ch * 256 + lane * 8) % Geo<C, H>::HC == 0; }
+// v22's head-lane layout: lane l holds the NCH packs l NCH .. l NCH + NCH - 1 of a row (channels
+// 8 NCH l .. +8 NCH, consecutive), so that with H | 32 a lane's channels lie in one head and a head
+// is HL = 32 / H consecutive lanes. G and qg are stored in "hl order", pack p of the row at pack
+// hl_pack(p), so that the lane's packs are still one coalesced 16-byte load a chunk (pack ch 32 + l).
+template <int C, int H> struct Hl {
+    static constexpr int NCH = C / 256, HL = 32 / H;
+    static_assert(32 % H == 0 && C / H == 8 * NCH * HL, "v22's head-lane layout needs H | 32");
+};
+__host__ __device__ __forceinline__ int hl_pack(int p, int nch) { return (p % nch) * 32 + p / nch; }
 
 // x[ch] (this lane's partial of its head in chunk ch) -> the head's full sum, in every lane
 template <int C, int H> __device__ __forceinline__ void head_sum(float (&x)[C / 256]) {
@@ -2042,7 +2073,8 @@ __global__ void __launch_bounds__(256, C <= 512 ? 2 : 1) route_bwd_v2_kernel(flo
 // Site j (v3): norm backward only. Gout (N, C) bf16 = G_j, Sout (N, H) =
 // G_j[h].h_j[h] (= sum_i a p, what ds needs), part_dg (nblk, C). Block = 8
 // warps x 4 positions.
-template <int C, int H>
+// HL (v22): G stored in hl order (hl_pack), for the head-lane gather.
+template <int C, int H, bool HL = false>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_site_v3_kernel(bf16 *Gout, float *Sout, float *part_dg,
                                                              const float *__restrict__ dU, const bf16 *__restrict__ hbuf,
                                                              const float *__restrict__ rstd, const float *__restrict__ g, int N) {
@@ -2063,7 +2095,7 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_site_v3_kernel(bf
         norm_bwd_regs<C, H>(G, S, accg, dU + (size_t)t * C, hbuf + (size_t)t * C, rstd[t], gw, lane);
 #pragma unroll
         for (int ch = 0; ch < NCH; ch++) {
-            st_bf8(Gout + (size_t)t * C + ch * 256 + lane * 8, G[ch]);
+            st_bf8(Gout + (size_t)t * C + (HL ? hl_pack(ch * 32 + lane, NCH) * 8 : ch * 256 + lane * 8), G[ch]);
             if (head_first<C, H>(ch, lane)) { Sout[(size_t)t * H + head_of<C, H>(ch, lane)] = S[ch]; }
         }
     }
@@ -2582,8 +2614,23 @@ __device__ __forceinline__ void site20_norm(uint4 *gs0, float *ls0, float *redw,
     }
 }
 
-// v12's gather of one position t (v20: FUSE, with site k's norm backward first, reader 0 = site k)
-template <int C, int H, bool FUSE>
+// v23: qgp (J, C) = qg (J, C) with each row in pair order: lane l's channels 8l .. 8l+4 of each
+// chunk of 256 at 4l, 8l+4 .. 8l+8 at 128 + 4l, so that a warp's two 16-byte loads of its lanes'
+// 8 channels each read 512 contiguous bytes (row order: 16 bytes of every 32, twice the wavefronts)
+__host__ __device__ __forceinline__ int pair_index(int c) { return c / 256 * 256 + c % 8 / 4 * 128 + c % 256 / 8 * 4 + c % 4; }
+__global__ void qg_pair_kernel(float *qgp, const float *qg, size_t n, int C) {
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    qgp[i / C * C + (size_t)pair_index((int)(i % C))] = qg[i];
+}
+__device__ __forceinline__ void ld_f8_pairs(const float *p, float (&x)[8]) {   // p: the lane's first (4 l)
+    float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 128);
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+}
+
+// v12's gather of one position t (v20: FUSE, with site k's norm backward first, reader 0 = site k;
+// v23: QP, qg in pair order)
+template <int C, int H, bool FUSE, bool QP = false>
 __device__ __forceinline__ void gather12_position(int t, float *dslot, bf16 *dslotX, float *dsr,
                                                   const bf16 *__restrict__ v, const float *__restrict__ rk,
                                                   const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
@@ -2605,7 +2652,7 @@ __device__ __forceinline__ void gather12_position(int t, float *dslot, bf16 *dsl
     // per lane: the readers (lane l: readers[l]; past nr, slot 0), its lse/S entry, the ring's shared
     // addresses, its qg channels and dsr's entries of position t
     const int jl = lane < nr ? __ldg(readers + lane) : 0;
-    const unsigned li = g12_ls((unsigned)t, lane, H), qi = (unsigned)lane * 8;
+    const unsigned li = g12_ls((unsigned)t, lane, H), qi = (unsigned)lane * (QP ? 4 : 8);
     const uint32_t sg = (uint32_t)__cvta_generic_to_shared(ring_packs<C>() + lane);
     const uint32_t sls = (uint32_t)__cvta_generic_to_shared(ring12_ls<C>() + lane);
     // this warp's ring, at this lane's packs; its lse/S stages at the entry of the lane's head in chunk 0
@@ -2643,7 +2690,7 @@ __device__ __forceinline__ void gather12_position(int t, float *dslot, bf16 *dsl
             float G[8], vv[8], qv[8], pd = 0.0f, ed = 0.0f;
             unpack8_bits(Graw[ch], G);
             unpack8_bits(vraw[ch], vv);
-            ld_f8(qj + ch * 256, qv);
+            if constexpr (QP) { ld_f8_pairs(qj + ch * 256, qv); } else { ld_f8(qj + ch * 256, qv); }
 #pragma unroll
             for (int k = 0; k < 8; k++) { pd += G[k] * vv[k]; ed += qv[k] * vv[k]; }
             p[ch] = pd; e[ch] = ed;
@@ -2658,7 +2705,8 @@ __device__ __forceinline__ void gather12_position(int t, float *dslot, bf16 *dsl
             const float ds = av * (p[ch] - S);
             float G[8], qv[8];
             unpack8_bits(Graw[ch], G);
-            ld_f8(qj + ch * 256, qv);   // L1 hit: every warp reads the same qg_j
+            if constexpr (QP) { ld_f8_pairs(qj + ch * 256, qv); }   // L1 hit: every warp reads the same qg_j
+            else { ld_f8(qj + ch * 256, qv); }
 #pragma unroll
             for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
             if (head_first<C, H>(ch, lane)) {
@@ -2679,7 +2727,7 @@ __device__ __forceinline__ void gather12_position(int t, float *dslot, bf16 *dsl
         st_bf8(dslotX + (gi + ch * 256), dv[ch]);
     }
 }
-template <int C, int H>
+template <int C, int H, bool QP = false>
 __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v12_kernel(float *dslot, bf16 *dslotX, float *dsr,
                                                                 const bf16 *__restrict__ v, const float *__restrict__ rk,
                                                                 const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
@@ -2688,9 +2736,112 @@ __global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v12_kernel
                                                                 const float *__restrict__ qg, int N, unsigned NC, unsigned NH) {
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= N) { return; }
-    gather12_position<C, H, false>(t, dslot, dslotX, dsr, v, rk, Gall, Sall, lseall, readers, nr, qg, NC, NH, SiteIn20{},
-                                   nullptr);
+    gather12_position<C, H, false, QP>(t, dslot, dslotX, dsr, v, rk, Gall, Sall, lseall, readers, nr, qg, NC, NH,
+                                       SiteIn20{}, nullptr);
 }
+// v22: v12's gather in the head-lane layout (Hl): a lane's 8 NCH channels lie in one head, so
+// the per-head sums of p = G . v and e = qg . v are log2(HL) shuffles of one value each (v12:
+// log2(SEG) shuffles of NCH values each, 12 at C = 512, H = 8, against 4 here), and the weight,
+// ds and the dsr store come once a lane and reader instead of once a chunk. G (from the site
+// kernel with HL) and qgh (qg_hl_kernel) are in hl order, so their rows still load as v12's;
+// v and dslot keep the row order (read and written once a position, 16-byte packs at 8 NCH l + 8 ch).
+// lse/S staged through the ring as v12's (lane l copies head l & (H - 1); lane l reads its head's).
+template <int C, int H>
+__global__ void __launch_bounds__(256, C <= 512 ? 3 : 1) route_gather_v22_kernel(float *dslot, bf16 *dslotX, float *dsr,
+                                                                const bf16 *__restrict__ v, const float *__restrict__ rk,
+                                                                const bf16 *__restrict__ Gall, const float *__restrict__ Sall,
+                                                                const float *__restrict__ lseall,
+                                                                const int *__restrict__ readers, int nr,
+                                                                const float *__restrict__ qgh, int N, unsigned NC, unsigned NH) {
+    constexpr int NCH = Hl<C, H>::NCH, HL = Hl<C, H>::HL;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= N) { return; }
+    const int hd = lane / HL;   // this lane's head; its first lane stores the head's ds r
+    uint4 vraw[NCH];
+    float dv[NCH][8];
+    const float r = rk[t];
+    const unsigned gi = g12_row((unsigned)t, lane, C);               // G's packs (hl order): + 256 ch
+    const unsigned vi = (unsigned)t * C + (unsigned)(lane * 8 * NCH);   // v's and dslot's (row order): + 8 ch
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        vraw[ch] = ld_raw(v + (vi + ch * 8));
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] = 0.0f; }
+    }
+    const int jl = lane < nr ? __ldg(readers + lane) : 0;
+    const unsigned li = g12_ls((unsigned)t, lane, H), qi = (unsigned)lane * 8;
+    const uint32_t sg = (uint32_t)__cvta_generic_to_shared(ring_packs<C>() + lane);
+    const uint32_t sls = (uint32_t)__cvta_generic_to_shared(ring12_ls<C>() + lane);
+    const uint4 *ringl = ring_packs<C>() + lane;
+    const float *lsh = ring12_ls<C>() + hd;
+    const int nrp = (nr + 3) & ~3;
+    unsigned dh = g12_dsr((unsigned)t, H, nrp) + (unsigned)(hd * nrp);
+    float T = 0.0f;   // this lane's share of sum_j u_j . v
+    for (int i = 0; i < ROUTE_RING - 1; i++) { gather12_issue<C>(i, nr, jl, Gall, Sall, lseall, gi, li, NC, NH, sg, sls); }
+    for (int jj = 0; jj < nr; jj++) {
+        uint4 Graw[NCH];
+        cp_async_wait<ROUTE_RING - 2>();   // reader jj's G row and this lane's lse/S entries are in
+        __syncwarp();                      // and every lane's (this lane reads its head's entries)
+        opaque1(dh);
+        const float *ls = lsh + g12_stage(jj) * 64;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            Graw[ch] = ringl[(g12_stage(jj) * NCH + ch) * 32];
+            opaque4(vraw[ch]);   // v's unpack stays in the loop: v is held packed
+        }
+        gather12_issue<C>(jj + ROUTE_RING - 1, nr, jl, Gall, Sall, lseall, gi, li, NC, NH, sg, sls);
+        const float *qj = qgh + g12_add(qi, (unsigned)__shfl_sync(0xffffffffu, jl, jj), (unsigned)C);
+        float p = 0.0f, e = 0.0f;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float G[8], vv[8], qv[8];
+            unpack8_bits(Graw[ch], G);
+            unpack8_bits(vraw[ch], vv);
+            ld_f8(qj + ch * 256, qv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) { p += G[k] * vv[k]; e += qv[k] * vv[k]; }
+        }
+#pragma unroll
+        for (int o = 1; o < HL; o <<= 1) {
+            p += __shfl_xor_sync(0xffffffffu, p, o);
+            e += __shfl_xor_sync(0xffffffffu, e, o);
+        }
+        const float av = expf(r * e - ls[0]);
+        const float ds = av * (p - ls[32]);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            float G[8], qv[8];
+            unpack8_bits(Graw[ch], G);
+            ld_f8(qj + ch * 256, qv);   // L1 hit: every warp reads the same qg_j
+#pragma unroll
+            for (int k = 0; k < 8; k++) { dv[ch][k] += r * ds * qv[k] + av * G[k]; }
+        }
+        if (lane % HL == 0) {
+            T += ds * e;
+            dsr[dh + (unsigned)jj] = ds * r;
+        }
+    }
+    cp_async_wait<0>();   // the zero-byte copies of readers nr .. nr + ROUTE_RING - 2
+    const float k3 = r * r * r / C * warp_sum(T);
+#pragma unroll
+    for (int ch = 0; ch < NCH; ch++) {
+        float vv[8];
+        unpack8(vraw[ch], vv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { dv[ch][k] -= k3 * vv[k]; }
+        st_f8(dslot + (vi + ch * 8), dv[ch]);
+        st_bf8(dslotX + (vi + ch * 8), dv[ch]);
+    }
+}
+// v22: qgh (J, C) = qg (J, C) with each row in hl order (Hl, hl_pack)
+__global__ void qg_hl_kernel(float *qgh, const float *qg, size_t n, int C) {
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    const size_t row = i / C;
+    const int c = (int)(i % C);
+    qgh[row * C + (size_t)hl_pack(c / 8, C / 256) * 8 + c % 8] = qg[i];
+}
+
 // v20: site k's norm backward fused into slot k's gather (slot k's first reader is site k): the
 // site's G and S go straight into ring stage 0 instead of through DRAM, and the separate site pass,
 // bound by DRAM, runs inside a kernel bound by instruction issue. Block = 8 positions; site.part
@@ -5116,6 +5267,7 @@ struct Dev {
                                                           // when they fit (as the trainer's in route_G), else p13own
     uint4 *qf15; int *nrd;                                // v15: every slot's A fragments (J, 16 C); readers per slot (J)
     uint16_t *qimg17;                                     // v17: every slot's qg image (J, v17_img_elems(C))
+    float *qgx;                                           // (J, C) qg in another order: v22 hl, v23 pair
 };
 
 struct KernelSet {   // the templated kernels of one (C, H)
@@ -5132,6 +5284,8 @@ struct KernelSet {   // the templated kernels of one (C, H)
     void (*fwd21)(const Prob &, const Dev &, int j);
     void (*gather15)(const Prob &, const Dev &, int k);
     bool (*gather17)(const Prob &, const Dev &, int k);
+    void (*site22)(const Prob &, const Dev &, int j);
+    void (*gather22)(const Prob &, const Dev &, int k);
 };
 
 template <int C, int H> struct Impl {
@@ -5166,6 +5320,28 @@ template <int C, int H> struct Impl {
         route_site_v3_kernel<C, H><<<cdiv(N, POS_PER_BLOCK), 256>>>(d.Gb + j * N * C, d.Sb + j * N * H, d.part_dg,
                                                                     d.dU + j * N * C, d.h + j * N * C, d.rstd + j * N,
                                                                     d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void site22(const Prob &P, const Dev &d, int j) {   // v3's, G in hl order
+        const size_t N = P.N;
+        route_site_v3_kernel<C, H, true><<<cdiv(N, POS_PER_BLOCK), 256>>>(d.Gb + j * N * C, d.Sb + j * N * H, d.part_dg,
+                                                                          d.dU + j * N * C, d.h + j * N * C,
+                                                                          d.rstd + j * N, d.g + j * C, P.N);
+        LAUNCH_CHECK();
+    }
+    static void gather22(const Prob &P, const Dev &d, int k) {
+        const size_t N = P.N;
+        constexpr size_t smem = ring_smem12<C>();
+        static bool limit_set = false;
+        if (!v12_fits(P, k)) {
+            fprintf(stderr, "error: v22's gather needs v12's fit (slot %d has %d readers)\n", k, P.nr[k]);
+            exit(1);
+        }
+        ring_smem_limit(route_gather_v22_kernel<C, H>, smem, limit_set);
+        route_gather_v22_kernel<C, H><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                 d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
+                                                                 d.rd + k * P.J, P.nr[k], d.qgx, P.N,
+                                                                 (unsigned)(N * C), (unsigned)(N * H));
         LAUNCH_CHECK();
     }
     static void site18(const Prob &P, const Dev &d, int j, int ver) {   // v18: 2 slots a warp, v19: 4
@@ -5229,11 +5405,21 @@ template <int C, int H> struct Impl {
                         k, P.nr[k]);
                 exit(1);
             }
-            ring_smem_limit(route_gather_v12_kernel<C, H>, smem, limit_set);
-            route_gather_v12_kernel<C, H><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
-                                                                     d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb, d.lse,
-                                                                     d.rd + k * P.J, P.nr[k], d.qg, P.N,
-                                                                     (unsigned)(N * C), (unsigned)(N * H));
+            static bool limit_qp = false;
+            if (ver == 23) {   // qg in pair order (d.qgx)
+                ring_smem_limit(route_gather_v12_kernel<C, H, true>, smem, limit_qp);
+                route_gather_v12_kernel<C, H, true><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                               d.slots + k * N * C, d.r + k * N, d.Gb,
+                                                                               d.Sb, d.lse, d.rd + k * P.J, P.nr[k],
+                                                                               d.qgx, P.N, (unsigned)(N * C),
+                                                                               (unsigned)(N * H));
+            } else {
+                ring_smem_limit(route_gather_v12_kernel<C, H>, smem, limit_set);
+                route_gather_v12_kernel<C, H><<<cdiv(N, 8), 256, smem>>>(d.dslots + k * N * C, d.dslotX, d.dsr,
+                                                                         d.slots + k * N * C, d.r + k * N, d.Gb, d.Sb,
+                                                                         d.lse, d.rd + k * P.J, P.nr[k], d.qg, P.N,
+                                                                         (unsigned)(N * C), (unsigned)(N * H));
+            }
         } else if (ver == 11) {   // v8's gather, dsr written as (N, H, nrp) for v11's q/gamma pass
             constexpr size_t smem = ring_smem<C>();
             static bool limit_set = false;
@@ -5376,7 +5562,7 @@ template <int C, int H> struct Impl {
     }
     static KernelSet set() {
         return KernelSet{fwd2, bwd2, site3, site18, gather3, gather45, gather20, gather7, fwd13, fwd14, fwd21,
-                         gather15, gather17};
+                         gather15, gather17, site22, gather22};
     }
 };
 
@@ -5426,6 +5612,7 @@ static Dev dev_alloc(const Prob &P) {
     d.p13l = d.p13h + (size_t)(v13_kmax(P.C) - 1) * N * C;
     d.qf15 = dalloc<uint4>(J * 16 * C); d.nrd = dalloc<int>(J);
     d.qimg17 = dalloc<uint16_t>(J * v17_img_elems((int)C));
+    d.qgx = dalloc<float>(J * C);
     CK(cudaMemcpy(d.nrd, P.nr.data(), J * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.ul7, P.v7_ul.data(), J * J * 3 * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.src, P.src.data(), J * J * sizeof(int), cudaMemcpyHostToDevice));
@@ -5436,7 +5623,7 @@ static Dev dev_alloc(const Prob &P) {
 static void dev_free(Dev &d) {
     void *ps[] = {d.slots, d.r, d.q, d.gm, d.g, d.dU, d.h, d.u, d.rstd, d.lse, d.a, d.dslots, d.dq, d.dgamma, d.dg,
                   d.Gf, d.ds, d.part_qv, d.part_dg, d.dsr, d.gpart, d.qvacc, d.qg, d.Gb, d.Sb, d.src, d.nsrc, d.rd,
-                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own, d.qf15, d.nrd, d.qimg17};
+                  d.dslotX, d.gpart45, d.part7, d.T7, d.dsr7, d.ul7, d.p13own, d.qf15, d.nrd, d.qimg17, d.qgx};
     for (void *p : ps) { CK(cudaFree(p)); }
 }
 static void dev_upload(const Dev &d, const HostIn &in) {
@@ -5450,7 +5637,7 @@ static void dev_upload(const Dev &d, const HostIn &in) {
 // Forward of every site. want_a: v2/v3 also write a (for the check).
 static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &ks, bool want_a) {
     const size_t N = P.N, C = P.C, H = P.H, J = P.J;
-    if (ver != 21) {   // v21: r of slot j by site j's kernel
+    if (ver < 21) {   // v21, v22: r of slot j by site j's kernel
         source_stat_kernel<<<cdiv(J * N, 8), 256>>>(d.r, d.slots, J * N, P.C);
         LAUNCH_CHECK();
     }
@@ -5464,7 +5651,7 @@ static void run_forward(int ver, const Prob &P, const Dev &d, const KernelSet &k
             LAUNCH_CHECK();
         } else if (ver >= 13) {   // v15 .. v20: v14's forward
             if (ver == 13) { ks.fwd13(P, d, j); }
-            else if (ver == 21) { ks.fwd21(P, d, j); }
+            else if (ver >= 21) { ks.fwd21(P, d, j); }   // (v22: v21's forward)
             else { ks.fwd14(P, d, j); }
             if (want_a) {   // a from the stored lse (the kernel does not write it)
                 route_a_kernel<<<cdiv(N * H, 128), 128>>>(d.a + (size_t)P.pair_off[j] * N * H, d.lse + j * N * H,
@@ -5547,6 +5734,14 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
         route_qfrag15_kernel<<<dim3(cdiv(16 * C, 256), J), 256>>>(d.qf15, d.qg, d.rd, d.nrd, P.J, P.C);
         LAUNCH_CHECK();
     }
+    if (ver == 22) {   // qg in hl order, once per backward
+        qg_hl_kernel<<<cdiv(J * C, 256), 256>>>(d.qgx, d.qg, J * C, P.C);
+        LAUNCH_CHECK();
+    }
+    if (ver == 23) {   // qg in pair order, once per backward
+        qg_pair_kernel<<<cdiv(J * C, 256), 256>>>(d.qgx, d.qg, J * C, P.C);
+        LAUNCH_CHECK();
+    }
     if (ver == 17 && P.C == 512 && (P.C / P.H == 32 || P.C / P.H == 64)) {   // every slot's qg image, once per backward
         route_qimg17_kernel<<<dim3(cdiv(32 * C, 256), J), 256>>>(d.qimg17, d.qg, d.rd, d.nrd, P.J, P.C, P.H);
         LAUNCH_CHECK();
@@ -5581,7 +5776,9 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
                 reduce_lanes_kernel<<<cdiv(C, 32), dim3(32, 32)>>>(d.dg + j * C, d.part_dg, (int)cdiv(N, 8), P.C);
                 LAUNCH_CHECK();
             } else {
-                if (ver >= 18) { ks.site18(P, d, j, ver); } else { ks.site3(P, d, j); }
+                if (ver == 22) { ks.site22(P, d, j); }
+                else if (ver == 18 || ver == 19) { ks.site18(P, d, j, ver); }
+                else { ks.site3(P, d, j); }
                 reduce_part_kernel<<<cdiv(C, 256), 256>>>(d.dg + j * C, nullptr, nullptr, nullptr, d.part_dg, nblk, P.C);
                 LAUNCH_CHECK();
             }
@@ -5595,6 +5792,8 @@ static void run_backward(int ver, const Prob &P, const Dev &d, const KernelSet &
             } else if (ver == 17) {   // v17 where it fits, else v12's gather
                 if (ks.gather17(P, d, k)) { v17_ran++; }
                 else { v17_fell++; ks.gather45(P, d, k, ver); }
+            } else if (ver == 22) {
+                ks.gather22(P, d, k);
             } else if (ver != 20) {   // (v20 gathered above)
                 ks.gather45(P, d, k, ver);
             }
@@ -5677,7 +5876,7 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaMemset(d.gpart45, 0xFF, (size_t)cdiv(NN, PART_ROWS45) * P.nmax * C * 4));
     };
     if (ver >= 11) { poison11(); }
-    if (ver == 21) { CK(cudaMemset(d.r, 0xFF, J * NN * 4)); }   // r: a read of one not yet computed gives NaN
+    if (ver >= 21) { CK(cudaMemset(d.r, 0xFF, J * NN * 4)); }   // r: a read of one not yet computed gives NaN
     if (ver >= 13) {   // its partials: a read of one never written gives NaN
         CK(cudaMemset(d.p13h, 0xFF, (size_t)(v13_kmax(C) - 1) * NN * (C + H) * 4));
         printf("v%d plan: %d of %d sites start from a partial, %d of %d source rows read\n", ver, P.v13_starts, P.J,
@@ -5697,16 +5896,17 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
     // only in how the site kernel loads its rows). v20: printed, not required: dg's per-block
     // sums cover 8 positions instead of 32, and the gradients differ in their last bits (the
     // likely cause: its norm backward reloads dU and g in its second pass where v3 keeps them
-    // in registers, so the compiler can contract G's products into other FMAs)
+    // in registers, so the compiler can contract G's products into other FMAs). v22: printed too (its
+    // head sums add the same products in another order)
     // v21: the r each site computed for its new slot must be source_stat_kernel's, bit for bit
     bool same_r = true;
-    if (ver == 21) {
+    if (ver >= 21) {
         std::vector<double> r21 = fetch(d.r, J * NN);
         source_stat_kernel<<<cdiv(J * NN, 8), 256>>>(d.r, d.slots, J * NN, P.C);
         LAUNCH_CHECK();
         std::vector<double> rst = fetch(d.r, J * NN);
         same_r = memcmp(r21.data(), rst.data(), rst.size() * 8) == 0;
-        printf("v21 r of every slot, by the site that reads it first, against source_stat_kernel: %s\n",
+        printf("v%d r of every slot, by the site that reads it first, against source_stat_kernel: %s\n", ver,
                same_r ? "bit-identical" : "DIFFERENT (FAIL)");
     }
     bool same16 = true;
@@ -5718,8 +5918,8 @@ static bool check_config(int ver, int L, int S, int C, int H, int N, uint64_t se
         CK(cudaDeviceSynchronize());
         std::vector<double> b16[4] = {fetch(d.dslots, J * NN * C), fetch(d.dq, J * C), fetch(d.dgamma, J * C),
                                       fetch(d.dg, J * C)};
-        if (ver == 20) {
-            printf("v20 against v16's backward, rel diff:");
+        if (ver == 20 || ver == 22) {
+            printf("v%d against v16's backward, rel diff:", ver);
             const char *nm[4] = {"dslots", "dq", "dgamma", "dg"};
             for (int o = 0; o < 4; o++) { printf(" %s %.1e", nm[o], rel_err(got[O_DSLOTS + o].data(), b16[o].data(), b16[o].size())); }
             printf("\n");
